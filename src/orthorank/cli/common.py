@@ -1,0 +1,109 @@
+"""Options and steps shared by subcommands: model, plan, method and output flags."""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+import torch
+
+from orthorank.errors import UserError
+from orthorank.method.plan import Plan, check_sparsity, parse_layers
+from orthorank.method.selection import CRITERIA, DECODE_MODES, ORDERS, SOURCES, SelectionConfig
+from orthorank.models.loading import EMBEDDED_MODEL, LoadedModel, load_model
+
+
+def finite_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if math.isnan(value) or math.isinf(value):
+        raise argparse.ArgumentTypeError(f"not a finite number: {text!r}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=EMBEDDED_MODEL,
+                   help=f"{EMBEDDED_MODEL} (embedded default), a local HF folder, a hub id, or a shape name")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    p.add_argument("--dtype", default="auto", help="auto (float32 on CPU, bfloat16 on GPU), float32, bfloat16")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=positive_int, default=None, help="CPU threads for torch")
+
+
+def add_selection_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--ratio", type=finite_float, default=None, help="share of tokens a selection layer updates "
+                   "(default 0.33)")
+    p.add_argument("--criterion", choices=CRITERIA, default=None, help="|<x_sink,x_i>| (dot) or |cos|")
+    p.add_argument("--source", choices=SOURCES, default=None, help="score normalized (default) or raw states")
+    p.add_argument("--order", choices=ORDERS, default=None, help="orthogonal (method), random, inverse (ablations)")
+    p.add_argument("--no-bypass-kv", action="store_true", help="ablation: bypassed tokens give no K/V")
+    p.add_argument("--decode", choices=DECODE_MODES, default=None, help="behaviour when decoding one token")
+
+
+def add_plan_args(p: argparse.ArgumentParser, methods=("dense", "orthorank", "prune")) -> None:
+    p.add_argument("--method", choices=methods, default="dense")
+    p.add_argument("--layers", default=None, help="comma-separated layer indices, e.g. 3,5,7")
+    p.add_argument("--plan", default=None, help="JSON plan file (from `orthorank calibrate`)")
+    add_selection_args(p)
+
+
+def add_output_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", dest="json_out", default=None, help="write a JSON result here")
+    p.add_argument("--overwrite", action="store_true", help="replace existing output files")
+
+
+def selection_from_args(args, base: SelectionConfig | None = None) -> SelectionConfig:
+    base = base or SelectionConfig()
+    return SelectionConfig(
+        ratio=args.ratio if args.ratio is not None else base.ratio,
+        criterion=args.criterion or base.criterion,
+        source=args.source or base.source,
+        order=args.order or base.order,
+        bypass_kv=base.bypass_kv and not args.no_bypass_kv,
+        decode=args.decode or base.decode,
+        seed=args.seed,
+    )
+
+
+def setup_torch(args) -> None:
+    if getattr(args, "threads", None):
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+
+
+def load_from_args(args) -> LoadedModel:
+    setup_torch(args)
+    return load_model(args.model, device=args.device, dtype=args.dtype, seed=args.seed,
+                      num_layers=getattr(args, "num_layers", None))
+
+
+def plan_from_args(args, lm: LoadedModel) -> Plan:
+    """A plan from --plan FILE, or from --method/--layers/--ratio."""
+    if args.plan:
+        plan = Plan.load(args.plan)
+        plan.check_model(lm.name, lm.signature())
+        overrides = (args.ratio, args.criterion, args.source, args.order, args.decode)
+        if plan.method == "orthorank" and (any(v is not None for v in overrides) or args.no_bypass_kv):
+            plan.selection = selection_from_args(args, plan.selection)
+        return plan
+    if args.method == "dense":
+        if args.layers:
+            raise UserError("--layers needs --method orthorank or prune")
+        return Plan("dense", [], lm.name, lm.signature())
+    if not args.layers:
+        raise UserError(f"--method {args.method} needs --layers or --plan")
+    layers = parse_layers(args.layers, lm.num_layers)
+    selection = selection_from_args(args) if args.method == "orthorank" else None
+    return Plan(args.method, layers, lm.name, lm.signature(), selection=selection)

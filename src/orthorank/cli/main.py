@@ -1,0 +1,44 @@
+"""`orthorank` command line. Each subcommand lives in its own module and registers itself here."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+from orthorank.errors import UserError
+
+# One module per subcommand; each defines `add_parser(subparsers)` that sets `func(args) -> int`.
+COMMAND_MODULES = [
+    "orthorank.cli.ppl",
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="orthorank",
+        description="OrthoRank token selection for decoder LLMs, measured against layer pruning.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except UserError as exc:
+        print(f"orthorank {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("orthorank: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

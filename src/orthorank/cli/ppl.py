@@ -1,0 +1,61 @@
+"""`orthorank ppl`: perplexity of a dense, OrthoRank or pruned model on WikiText-2, C4 or a text file."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from orthorank.cli.common import (
+    add_model_args, add_output_args, add_plan_args, load_from_args, plan_from_args, positive_int,
+)
+from orthorank.evaluation.data import load_eval_text
+from orthorank.evaluation.perplexity import make_windows, perplexity, tokenize_text
+from orthorank.errors import UserError
+from orthorank.method.apply import apply_plan
+from orthorank.results import check_writable, write_json
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("ppl", help="perplexity on WikiText-2, C4 or a text file",
+                       description="Perplexity the GPTQ/SLEB way: non-overlapping windows, mean token NLL.")
+    add_model_args(p)
+    p.add_argument("--dataset", default="wikitext2", help="wikitext2, c4, or a path to a UTF-8 text file")
+    p.add_argument("--data-dir", default=None, help="folder laid out like ../shared/data")
+    p.add_argument("--seq-len", type=positive_int, default=2048)
+    p.add_argument("--max-windows", type=positive_int, default=None)
+    p.add_argument("--batch-size", type=positive_int, default=1)
+    add_plan_args(p)
+    add_output_args(p)
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    check_writable(args.json_out, args.overwrite)
+    text = load_eval_text(args.dataset, args.data_dir)
+    lm = load_from_args(args)
+    if lm.tokenizer is None:
+        raise UserError(f"{args.model} is a random-weight shape; perplexity needs a real model")
+    plan = plan_from_args(args, lm)
+    windows = make_windows(tokenize_text(lm.tokenizer, text), args.seq_len, args.max_windows)
+    apply_plan(lm.model, plan)
+    start = time.perf_counter()
+    result = perplexity(lm.model, windows, args.batch_size, progress=True, desc=f"ppl {args.dataset}")
+    seconds = time.perf_counter() - start
+    layers = ",".join(map(str, plan.layers)) or "-"
+    print(f"{args.dataset} perplexity {result.perplexity:.4f}  (method {plan.method}, layers {layers}, "
+          f"effective sparsity {plan.effective_sparsity:.3f}, {result.windows} windows x {args.seq_len} tokens, "
+          f"{seconds:.1f}s)")
+    if args.json_out:
+        path = write_json(args.json_out, {
+            "command": "ppl",
+            "model": lm.name,
+            "dataset": args.dataset,
+            "seq_len": args.seq_len,
+            "max_windows": args.max_windows,
+            "seed": args.seed,
+            "plan": plan.to_dict(),
+            "result": result.to_dict(),
+            "seconds": round(seconds, 3),
+        }, device=lm.device, overwrite=args.overwrite)
+        print(f"wrote {path}")
+    return 0

@@ -1,0 +1,1 @@
+"""Evaluation: data loading, perplexity, zero-shot (lm-evaluation-harness)."""

@@ -1,0 +1,70 @@
+"""Result files: every JSON result records settings, versions, device, seed and git commit."""
+
+from __future__ import annotations
+
+import json
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from orthorank.errors import UserError
+
+
+def git_commit() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+            cwd=Path(__file__).resolve().parent,
+        )
+        commit = out.stdout.strip() or None
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, timeout=5,
+            cwd=Path(__file__).resolve().parent,
+        ).stdout.strip()
+        return f"{commit}-dirty" if commit and dirty else commit
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def environment(device: torch.device | str | None = None) -> dict[str, Any]:
+    import transformers
+
+    dev = torch.device(device) if device is not None else torch.device("cpu")
+    env = {
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "platform": platform.platform(),
+        "device": str(dev),
+        "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor() or "cpu",
+        "cpu_threads": torch.get_num_threads(),
+        "git_commit": git_commit(),
+        "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    try:
+        import lm_eval
+
+        env["lm_eval"] = lm_eval.__version__
+    except Exception:  # optional dependency
+        pass
+    return env
+
+
+def check_writable(path: str | Path | None, overwrite: bool = False) -> None:
+    """Fail before any work if a result would overwrite a user's file."""
+    if path is not None and Path(path).exists() and not overwrite:
+        raise UserError(f"{path} exists; pass --overwrite to replace it")
+
+
+def write_json(path: str | Path, payload: dict[str, Any], *, device=None, overwrite: bool = False) -> Path:
+    path = Path(path)
+    check_writable(path, overwrite)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    body = {**payload, "environment": environment(device)}
+    path.write_text(json.dumps(body, indent=2, default=str) + "\n")
+    return path
