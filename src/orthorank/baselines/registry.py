@@ -1,0 +1,61 @@
+"""Search methods by name. Each turns a sparsity into a plan; adding one means adding an entry here."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+from orthorank.baselines.search import SearchResult, StackRunner, block_influence, greedy_search, one_shot_ppl
+from orthorank.errors import UserError
+from orthorank.method.plan import layers_for_sparsity
+from orthorank.method.selection import SelectionConfig
+
+
+@dataclass(frozen=True)
+class SearchMethod:
+    name: str
+    plan_method: str  # "orthorank" (token selection) or "prune" (layer removal)
+    reference: str
+    run: Callable[[StackRunner, int, SelectionConfig, bool], SearchResult]
+
+    def layer_count(self, sparsity: float, num_layers: int, ratio: float) -> int:
+        return layers_for_sparsity(sparsity, num_layers, self.plan_method, ratio)
+
+
+def _inner(L: int) -> list[int]:
+    return list(range(1, L - 1))  # first and last layer are never touched (as in SLEB)
+
+
+def _orthorank(runner: StackRunner, n: int, sel: SelectionConfig, progress: bool) -> SearchResult:
+    return greedy_search(runner, n, _inner(len(runner.layers)), lambda i: runner.wrap(i, sel), progress,
+                         "orthorank search")
+
+
+def _sleb(runner: StackRunner, n: int, sel: SelectionConfig, progress: bool) -> SearchResult:
+    return greedy_search(runner, n, _inner(len(runner.layers)), lambda i: None, progress, "sleb search")
+
+
+def _shortened(runner: StackRunner, n: int, sel: SelectionConfig, progress: bool) -> SearchResult:
+    return one_shot_ppl(runner, list(range(len(runner.layers))), progress)
+
+
+def _shortgpt(runner: StackRunner, n: int, sel: SelectionConfig, progress: bool) -> SearchResult:
+    return block_influence(runner)
+
+
+SEARCH_METHODS: dict[str, SearchMethod] = {
+    m.name: m
+    for m in (
+        SearchMethod("orthorank", "orthorank", "Shin et al. 2025 (SLEB-style greedy layer choice)", _orthorank),
+        SearchMethod("sleb", "prune", "Song et al. 2024 (greedy block removal)", _sleb),
+        SearchMethod("shortened-ppl", "prune", "Kim et al. 2024 (one-shot PPL criterion)", _shortened),
+        SearchMethod("shortgpt", "prune", "Men et al. 2024 (Block Influence)", _shortgpt),
+    )
+}
+
+
+def get_search(name: str) -> SearchMethod:
+    if name not in SEARCH_METHODS:
+        raise UserError(f"unknown method {name!r}; choose one of {', '.join(SEARCH_METHODS)}")
+    return SEARCH_METHODS[name]
