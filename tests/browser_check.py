@@ -16,6 +16,7 @@ import base64
 import binascii
 import os
 import re
+import shutil
 import struct
 import subprocess
 import sys
@@ -23,7 +24,9 @@ import tempfile
 from html.parser import HTMLParser
 from pathlib import Path
 
-CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+# $CHROMIUM, else Debian's /usr/bin/chromium, else whatever `chromium` is on PATH.
+CHROMIUM = os.environ.get("CHROMIUM") or (
+    "/usr/bin/chromium" if Path("/usr/bin/chromium").is_file() else shutil.which("chromium") or "/usr/bin/chromium")
 
 _MARKER = """<script>
 window.addEventListener('load', function () {

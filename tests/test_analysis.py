@@ -33,6 +33,8 @@ COMPARE = {
         {"method": "prune", "sparsity": 0.2, "effective_sparsity": 0.2, "wikitext2": 18.25, "extra": {"c4": 20.5}},
         "not a row",
     ],
+    "plans": [{"method": "dense", "layers": []}],
+    "zeroshot": [{"method": "dense", "piqa": 0.61}, {"method": "orthorank", "piqa": 0.6}],
 }
 
 
@@ -247,6 +249,9 @@ def test_report_compare_table(report):
     assert [r["method"] for r in rows] == ["dense", "orthorank", "prune"]
     assert rows[0]["wikitext2"] == "12.3457" and rows[2]["extra.c4"] == "20.5000" and rows[0]["extra.c4"] == "—"
     assert "1 row(s) that are not JSON objects" in (out / "report.html").read_text(encoding="utf-8")
+    zs = tables.tables["compare-0-1"]  # other lists of rows become extra tables; "plans" are left out
+    assert zs["keys"] == ["method", "piqa"] and [r for r in zs["rows"] if r][1] == ["orthorank", "0.6000"]
+    assert "compare-0-2" not in tables.tables
 
 
 def test_load_compare_is_lenient(tmp_path):

@@ -67,28 +67,7 @@ def fmt(value: Any) -> str:
 _FIRST_COLUMNS = ("method", "label", "sparsity", "effective_sparsity")
 
 
-def load_compare(path: str | Path) -> dict[str, Any]:
-    """Read a compare result leniently: {"rows": [...]}, a bare list of rows, or any dict whose first list of
-    dicts holds the rows. Nested dicts in a row become "key.sub" columns. Returns title, meta, columns, rows."""
-    path = Path(path)
-    if not path.is_file():
-        raise UserError(f"--compare-json file {path} does not exist")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise UserError(f"--compare-json file {path} is not valid JSON: {exc}") from None
-    rows, meta = None, {}
-    if isinstance(data, list):
-        rows = data
-    elif isinstance(data, dict):
-        if isinstance(data.get("rows"), list):
-            rows = data["rows"]
-        else:
-            rows = next((v for v in data.values() if isinstance(v, list) and any(isinstance(r, dict) for r in v)),
-                        None)
-        meta = {k: v for k, v in data.items() if isinstance(v, (str, int, float, bool))}
-    if rows is None:
-        raise UserError(f"--compare-json file {path} has no rows (expected {{\"rows\": [{{\"method\": ...}}, ...]}})")
+def _flatten_rows(rows: list[Any]) -> tuple[list[str], list[dict[str, Any]], int]:
     flat, skipped = [], 0
     for row in rows:
         if not isinstance(row, dict):
@@ -102,13 +81,49 @@ def load_compare(path: str | Path) -> dict[str, Any]:
             else:
                 out[str(k)] = v
         flat.append(out)
-    if not flat:
-        raise UserError(f"--compare-json file {path} has no rows that are JSON objects")
     seen: list[str] = []
     for row in flat:
         seen += [k for k in row if k not in seen]
     columns = [c for c in _FIRST_COLUMNS if c in seen] + [c for c in seen if c not in _FIRST_COLUMNS]
-    return {"title": path.name, "meta": meta, "columns": columns, "rows": flat, "skipped": skipped}
+    return columns, flat, skipped
+
+
+def _is_rows(value: Any) -> bool:
+    return isinstance(value, list) and any(isinstance(r, dict) for r in value)
+
+
+def load_compare(path: str | Path) -> dict[str, Any]:
+    """Read a compare result leniently: {"rows": [...]}, a bare list of rows, or any dict whose first list of
+    dicts holds the rows. Nested dicts in a row become "key.sub" columns; top-level scalars become metadata; other
+    top-level lists of rows (e.g. "zeroshot"; not "plans") become extra tables. Returns title, meta, columns,
+    rows, skipped (rows that were not objects) and extra ([{name, columns, rows, skipped}])."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"--compare-json file {path} does not exist")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise UserError(f"--compare-json file {path} is not valid JSON: {exc}") from None
+    rows, key, meta, extra = None, None, {}, []
+    if isinstance(data, list):
+        rows = data
+    elif isinstance(data, dict):
+        if isinstance(data.get("rows"), list):
+            key = "rows"
+        else:
+            key = next((k for k, v in data.items() if _is_rows(v)), None)
+        rows = data[key] if key is not None else None
+        meta = {k: v for k, v in data.items() if isinstance(v, (str, int, float, bool))}
+        for k, v in data.items():
+            if k not in (key, "plans") and _is_rows(v):
+                cols, flat, skipped = _flatten_rows(v)
+                extra.append({"name": str(k), "columns": cols, "rows": flat, "skipped": skipped})
+    if rows is None:
+        raise UserError(f"--compare-json file {path} has no rows (expected {{\"rows\": [{{\"method\": ...}}, ...]}})")
+    columns, flat, skipped = _flatten_rows(rows)
+    if not flat:
+        raise UserError(f"--compare-json file {path} has no rows that are JSON objects")
+    return {"title": path.name, "meta": meta, "columns": columns, "rows": flat, "skipped": skipped, "extra": extra}
 
 
 # ---------------------------------------------------------------- HTML
@@ -235,6 +250,17 @@ def _tokens_html(a: SinkAnalysis) -> str:
     return f'<p class="tokens">{"".join(spans)}</p>'
 
 
+def _rows_table(columns: list[str], rows: list[dict[str, Any]], table_id: str) -> str:
+    head = "".join(f'<th data-key="{html.escape(c)}">{html.escape(c)}</th>' for c in columns)
+    body = "".join(
+        "<tr>" + "".join(
+            f'<td class="{"text" if isinstance(r.get(c), str) else "num"}">{html.escape(fmt(r.get(c)))}</td>'
+            for c in columns) + "</tr>"
+        for r in rows)
+    return (f'<div class="scroll"><table class="compare" id="{table_id}"><thead><tr>{head}</tr></thead>'
+            f"<tbody>{body}</tbody></table></div>")
+
+
 def _compare_html(tables: list[dict[str, Any]]) -> str:
     parts = ['<h2 id="compare">Compared methods</h2><p>Results of <code>orthorank compare</code> added with '
              "<code>--compare-json</code>.</p>"]
@@ -243,14 +269,10 @@ def _compare_html(tables: list[dict[str, Any]]) -> str:
         parts.append(f"<h3>{html.escape(t['title'])}</h3>" + (f'<p class="meta">{meta}</p>' if meta else ""))
         if t.get("skipped"):
             parts.append(f'<p class="note">{t["skipped"]} row(s) that are not JSON objects were left out.</p>')
-        head = "".join(f'<th data-key="{html.escape(c)}">{html.escape(c)}</th>' for c in t["columns"])
-        body = "".join(
-            "<tr>" + "".join(
-                f'<td class="{"text" if isinstance(r.get(c), str) else "num"}">{html.escape(fmt(r.get(c)))}</td>'
-                for c in t["columns"]) + "</tr>"
-            for r in t["rows"])
-        parts.append(f'<div class="scroll"><table class="compare" id="compare-{i}"><thead><tr>{head}</tr></thead>'
-                     f"<tbody>{body}</tbody></table></div>")
+        parts.append(_rows_table(t["columns"], t["rows"], f"compare-{i}"))
+        for j, x in enumerate(t.get("extra", [])):
+            parts.append(f"<h4>{html.escape(t['title'])}: {html.escape(x['name'])}</h4>"
+                         + _rows_table(x["columns"], x["rows"], f"compare-{i}-{j + 1}"))
     return "".join(parts)
 
 
