@@ -13,6 +13,7 @@ from orthorank.errors import UserError
 COMMAND_MODULES = [
     "orthorank.cli.ppl",
     "orthorank.cli.analyze",
+    "orthorank.cli.zeroshot",
 ]
 
 
