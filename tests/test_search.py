@@ -118,3 +118,15 @@ def test_calibrate_bad_sparsity(tiny_hf_folder, tmp_path, capsys, bad):
     code = main(["calibrate", "--model", str(tiny_hf_folder), "--method", "sleb", "--sparsity", bad,
                  "-o", str(tmp_path / "p.json")])
     assert code == 2 and "sparsity" in capsys.readouterr().err
+
+
+def test_compare_with_zeroshot(tiny_hf_folder, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    code = main(["compare", "--model", str(tiny_hf_folder), "--methods", "dense", "--datasets", "wikitext2",
+                 "--seq-len", "64", "--max-windows", "1", "--zeroshot", "--tasks", "piqa,arc_easy", "--limit", "3",
+                 "--out", "zs"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "| dense |" in out and "PIQA" in out and "Mean" in out
+    result = json.loads((tmp_path / "zs" / "compare.json").read_text())
+    assert result["zeroshot"][0]["method"] == "dense" and "acc" in result["zeroshot"][0]["piqa"]

@@ -91,12 +91,16 @@ def run(args) -> int:
                "rows": [r.to_dict() for r in rows], "plans": [r.plan.to_dict() for r in rows],
                "seconds": round(seconds, 1)}
     if args.zeroshot:
-        from orthorank.evaluation.zeroshot.compare import zeroshot_rows
+        from orthorank.evaluation.zeroshot.runner import format_table, run_zeroshot
 
         tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
-        zs_table, zs_rows = zeroshot_rows(lm, rows, tasks, args.limit, args.data_dir)
-        report += ["", f"Zero-shot accuracy (higher is better), limit {args.limit or 'all'}\n", zs_table]
-        payload["zeroshot"] = zs_rows
+        zs: dict[str, dict] = {}
+        for row in rows:
+            label = row.method if row.method == "dense" else f"{row.method} {row.sparsity:g}"
+            zs[label] = run_zeroshot(lm, row.plan, tasks, args.limit, args.data_dir)
+        report += ["", f"Zero-shot (limit {args.limit or 'all'} examples per task)\n",
+                   format_table(zs, tasks, metric="acc"), format_table(zs, tasks, metric="acc_norm")]
+        payload["zeroshot"] = [{"method": label, **{t: v for t, v in res.items()}} for label, res in zs.items()]
     text = "\n".join(report)
     print(text)
     out.mkdir(parents=True, exist_ok=True)
