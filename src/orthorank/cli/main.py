@@ -12,6 +12,7 @@ from orthorank.errors import UserError
 # One module per subcommand; each defines `add_parser(subparsers)` that sets `func(args) -> int`.
 COMMAND_MODULES = [
     "orthorank.cli.ppl",
+    "orthorank.cli.bench",
     "orthorank.cli.analyze",
     "orthorank.cli.zeroshot",
 ]

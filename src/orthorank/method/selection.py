@@ -50,12 +50,48 @@ class SelectionConfig:
 
 
 def sink_scores(x: torch.Tensor, sink: torch.Tensor, criterion: str = "dot") -> torch.Tensor:
-    """x: [B, T, D], sink: [B, D] -> [B, T]; smaller means more orthogonal to the sink, i.e. more important."""
-    x32, s32 = x.float(), sink.float()
-    dot = torch.einsum("btd,bd->bt", x32, s32)
+    """x: [B, T, D], sink: [B, D] -> [B, T] float32; smaller means more orthogonal to the sink, i.e. more important.
+
+    Products are summed in float32 whatever the model dtype (one batched matrix-vector product; half-precision
+    inputs are not copied to float32 where the device can accumulate into a float32 result directly).
+    """
+    dot = _dot_float32(x, sink)
     if criterion == "cos":
-        dot = dot / (x32.norm(dim=-1) * s32.norm(dim=-1, keepdim=True)).clamp_min(1e-12)
+        norms = torch.linalg.vector_norm(x, dim=-1, dtype=torch.float32)
+        sink_norm = torch.linalg.vector_norm(sink, dim=-1, keepdim=True, dtype=torch.float32)
+        dot = dot / (norms * sink_norm).clamp_min(1e-12)
     return dot.abs()
+
+
+# CUDA only: bmm(bf16/fp16, out_dtype=float32) sums in float32 without a float32 copy of x. None = not yet tried.
+_BMM_OUT_DTYPE_OK: bool | None = None
+
+
+def _dot_float32(x: torch.Tensor, sink: torch.Tensor) -> torch.Tensor:
+    """<x[b, t], sink[b]> summed in float32: [B, T]."""
+    global _BMM_OUT_DTYPE_OK
+    sink = sink.expand(x.shape[0], -1)
+    if not x.is_cuda:
+        # CPU: one matrix-vector product per row; batched GEMM with a single output column is several times
+        # slower in MKL/oneDNN, and B is small here.
+        out = torch.empty(x.shape[:2], dtype=torch.float32, device=x.device)
+        for b in range(x.shape[0]):
+            torch.mv(x[b].float(), sink[b].float(), out=out[b])
+        return out
+    if x.dtype in (torch.float16, torch.bfloat16) and _BMM_OUT_DTYPE_OK is not False:
+        s = sink.to(x.dtype).unsqueeze(-1)
+        try:
+            out = torch.bmm(x, s, out_dtype=torch.float32).squeeze(-1)
+        except (RuntimeError, TypeError, NotImplementedError):
+            _BMM_OUT_DTYPE_OK = False
+        else:
+            if _BMM_OUT_DTYPE_OK is None:  # check it once against the float32 copy
+                ref = torch.bmm(x.float(), s.float()).squeeze(-1)
+                _BMM_OUT_DTYPE_OK = bool(torch.allclose(out, ref, rtol=1e-3, atol=1e-3 * float(ref.abs().max())))
+                if not _BMM_OUT_DTYPE_OK:
+                    return ref
+            return out
+    return torch.bmm(x.float(), sink.float().unsqueeze(-1)).squeeze(-1)
 
 
 def tokens_to_keep(n_valid: torch.Tensor, ratio: float) -> torch.Tensor:
@@ -98,11 +134,26 @@ def topk_keep_mask(
     return keep & valid
 
 
-def keep_to_indices(keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def top_k_indices(keys: torch.Tensor, k: int, sink_pos: int | None = 0) -> torch.Tensor:
+    """Every token valid (no padding), the same k per row: the positions of the k lowest keys, in original order.
+
+    Same choice as topk_keep_mask + keep_to_indices (the sink ranks after every other token, ties go to the
+    earlier position) without a boolean mask or a device-to-host sync. keys: [B, T]; returns idx [B, k].
+    """
+    keys = keys.float().clone() if keys.dtype == torch.float32 else keys.float()
+    if sink_pos is not None:
+        keys[:, sink_pos] = torch.finfo(torch.float32).max
+    order = torch.argsort(keys, dim=1, stable=True)[:, :k]
+    return order.sort(dim=1).values
+
+
+def keep_to_indices(keep: torch.Tensor, kmax: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """keep: [B, T] bool -> (idx [B, Kmax] in original order, real [B, Kmax] bool marking kept entries).
 
-    Rows with fewer kept tokens are filled with unkept positions whose updates the caller discards.
+    Rows with fewer kept tokens are filled with unkept positions whose updates the caller discards. Pass kmax
+    (the largest row count) when it is known, to avoid a device-to-host sync.
     """
-    kmax = int(keep.sum(dim=1).max().item()) if keep.numel() else 0
+    if kmax is None:
+        kmax = int(keep.sum(dim=1).max().item()) if keep.numel() else 0
     idx = torch.argsort((~keep).to(torch.int8), dim=1, stable=True)[:, :kmax]
     return idx, keep.gather(1, idx)

@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Throughput on one GPU, side by side: dense vs layer removal ("sleb", ceil(0.2 L) evenly spread layers) vs
+# OrthoRank (round(0.2 L / 0.67) evenly spread selection layers at ratio 0.33), bfloat16, random weights:
+#   - prefill, batch 32 x 2048 (halved until it fits), plus one decoder layer alone (dense vs selective, and the
+#     scoring/top-K step alone), for llama2-7b, llama3-8b, mistral-7b;
+#   - decode, batch 1 and 64, prompt 512, 32 new tokens, same shapes.
+# Writes one JSON (and a log) per invocation to OUT_DIR, then OUT_DIR/summary.md (Markdown tables).
+#
+# Usage: benchmarks/gpu_bench.sh OUT_DIR
+# Needs only torch and transformers (no pip install: runs from the source tree with PYTHONPATH=src).
+# Budget: about 5 minutes on an H200; runs that would start after GPU_BENCH_BUDGET_S seconds (default 320)
+# are skipped, and each invocation is killed at the remaining budget, so the script ends within ~6 minutes.
+# GPU_BENCH_TINY=1: a CPU smoke test with a tiny shape (used by tests/test_bench.py).
+set -uo pipefail
+
+OUT=${1:?usage: benchmarks/gpu_bench.sh OUT_DIR}
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+PY=${PYTHON:-python}
+export PYTHONPATH="$ROOT/src${PYTHONPATH:+:$PYTHONPATH}"
+export TOKENIZERS_PARALLELISM=false
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+BUDGET=${GPU_BENCH_BUDGET_S:-320}
+START=$(date +%s)
+
+if [[ "${GPU_BENCH_TINY:-0}" == "1" ]]; then
+  SHAPES=(smollm2-135m-shape)
+  COMMON=(--num-layers 4 --device cpu --dtype float32 --sparsity 0.25)
+  PREFILL=(--batch 2 --seq-len 64 --warmup 1 --repeats 2)
+  DECODE=(--batch 1,2 --seq-len 32 --new-tokens 4 --warmup 1 --repeats 2)
+else
+  SHAPES=(llama2-7b llama3-8b mistral-7b)
+  COMMON=(--dtype bfloat16 --sparsity 0.2)
+  PREFILL=(--batch 32 --seq-len 2048 --warmup 1 --repeats 5 --fit-batch)
+  DECODE=(--batch 1,64 --seq-len 512 --new-tokens 32 --warmup 1 --repeats 4 --fit-batch)
+fi
+
+# Environment, and which entry point works: the full CLI imports every subcommand; if one of them needs a package
+# this machine lacks, fall back to the bench subcommand alone.
+"$PY" - >"$OUT/environment.txt" 2>&1 <<'EOF'
+import platform, torch, transformers
+print("python", platform.python_version(), "torch", torch.__version__, "transformers", transformers.__version__)
+print("cuda", torch.version.cuda, "available", torch.cuda.is_available())
+if torch.cuda.is_available():
+    p = torch.cuda.get_device_properties(0)
+    print("device", p.name, f"{p.total_memory / 2**30:.1f} GiB", "capability", f"{p.major}.{p.minor}")
+EOF
+command -v nvidia-smi >/dev/null && nvidia-smi >>"$OUT/environment.txt" 2>&1
+cat "$OUT/environment.txt"
+if "$PY" -c "import orthorank.cli.main as m; m.build_parser()" >"$OUT/preflight.log" 2>&1; then
+  ENTRY=(-m orthorank.cli.main bench)
+else
+  echo "warning: the full CLI does not import here (see $OUT/preflight.log); using python -m orthorank.cli.bench"
+  ENTRY=(-m orthorank.cli.bench)
+fi
+
+FAILED=0
+run() {  # run NAME ARGS...: one bench invocation, JSON to OUT/NAME.json, log to OUT/NAME.log
+  local name=$1; shift
+  local left=$((BUDGET - ($(date +%s) - START)))
+  if ((left < 20)); then
+    echo "=== $name: skipped, time budget spent" | tee "$OUT/$name.skipped"
+    return
+  fi
+  echo "=== $name ($((left))s of budget left)"
+  timeout --signal=INT --kill-after=15 "$((left + 20))" \
+    "$PY" "${ENTRY[@]}" "$@" --json "$OUT/$name.json" --overwrite 2>&1 | tee "$OUT/$name.log"
+  local rc=${PIPESTATUS[0]}
+  if ((rc != 0)); then
+    echo "=== $name: exit status $rc" | tee -a "$OUT/$name.log"
+    FAILED=1
+  fi
+}
+
+for shape in "${SHAPES[@]}"; do
+  run "prefill-$shape" --model "$shape" "${COMMON[@]}" --mode prefill,layer "${PREFILL[@]}"
+done
+for shape in "${SHAPES[@]}"; do
+  run "decode-$shape" --model "$shape" "${COMMON[@]}" --mode decode "${DECODE[@]}"
+done
+
+"$PY" -m orthorank.bench.report "$OUT" >"$OUT/summary.md" 2>>"$OUT/preflight.log" && cat "$OUT/summary.md"
+echo "total $(($(date +%s) - START))s; results in $OUT"
+exit $FAILED

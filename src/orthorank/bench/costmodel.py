@@ -1,0 +1,68 @@
+"""The weight-based cost model of notes section 6.
+
+A selection layer that updates a fraction r of the tokens but still projects K and V for all of them costs about
+f_kv + (1 - f_kv) * r of a dense layer, where f_kv is the K+V share of the layer's matmul weights. With L layers of
+which n are selection layers, the ideal end-to-end speed-up is L / (L - n + n * cost); removing p layers gives
+L / (L - p). Embedding, final norm and (with logits_to_keep=1) the LM head are ignored: they are small next to
+32 decoder layers, and the benchmark computes logits for the last position only, as generation's prefill does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def layer_weight_counts(config: Any) -> dict[str, int]:
+    """Matmul weights of one Llama-style decoder layer (q, k, v, o, gated MLP), from a HF config."""
+    d = int(config.hidden_size)
+    heads = int(config.num_attention_heads)
+    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+    head_dim = int(getattr(config, "head_dim", None) or d // heads)
+    ffn = int(config.intermediate_size)
+    return {
+        "q": d * heads * head_dim,
+        "k": d * kv_heads * head_dim,
+        "v": d * kv_heads * head_dim,
+        "o": heads * head_dim * d,
+        "mlp": 3 * d * ffn,
+    }
+
+
+def kv_fraction(config: Any) -> float:
+    """f_kv: the K and V projections' share of a layer's matmul weights (16.6% Llama-2-7B, 3.8% Llama-3-8B)."""
+    w = layer_weight_counts(config)
+    return (w["k"] + w["v"]) / sum(w.values())
+
+
+def selective_layer_cost(f_kv: float, ratio: float) -> float:
+    """Cost of a selection layer that updates a fraction `ratio` of the tokens, relative to a dense layer."""
+    return f_kv + (1.0 - f_kv) * ratio
+
+
+def ideal_speedup(method: str, num_layers: int, changed: int, f_kv: float = 0.0, ratio: float = 1.0,
+                  mode: str = "prefill", decode: str = "dense") -> float | None:
+    """Ideal speed-up over dense. `changed`: layers removed (prune) or turned into selection layers (orthorank).
+
+    In decode mode with decode="dense" every new token is updated by every layer (ceil(ratio * 1) = 1), so
+    OrthoRank's ideal is 1.0; with decode="threshold" the work saved depends on the data: None.
+    """
+    L, n = int(num_layers), int(changed)
+    if method == "dense" or n == 0:
+        return 1.0
+    if method == "prune":
+        return L / (L - n) if n < L else None
+    if method != "orthorank":
+        raise ValueError(f"unknown method {method!r}")
+    if mode == "decode":
+        return 1.0 if decode == "dense" else None
+    return L / (L - n + n * selective_layer_cost(f_kv, ratio))
+
+
+def spread_layers(count: int, num_layers: int) -> list[int]:
+    """`count` evenly spread layer indices, avoiding the first and last layer when possible (SLEB never removes
+    them; selection works poorly there). For speed, which layers does not matter, only how many."""
+    count = max(0, min(int(count), num_layers))
+    if count == 0:
+        return []
+    pool = list(range(1, num_layers - 1)) if num_layers - 2 >= count else list(range(num_layers))
+    return sorted({pool[int((i + 0.5) * len(pool) / count)] for i in range(count)})

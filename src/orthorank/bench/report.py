@@ -1,0 +1,98 @@
+"""Text and Markdown tables from bench records (`python -m orthorank.bench.report FILE.json ...`)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def _f(value: Any, spec: str, missing: str = "-") -> str:
+    return missing if value is None else format(value, spec)
+
+
+def format_run(run: dict[str, Any]) -> str:
+    """A plain-text table of one run record."""
+    if run["mode"] == "layer":
+        t = run["timing"]
+        ms = {k: v["median_s"] * 1e3 for k, v in t.items()}
+        return "\n".join([
+            f"  dense layer      {ms['dense_layer']:9.2f} ms (spread {t['dense_layer']['spread_pct']:.1f}%)",
+            f"  selective layer  {ms['selective_layer']:9.2f} ms (spread {t['selective_layer']['spread_pct']:.1f}%)"
+            f"  cost {run['selective_cost_fraction']:.3f} of dense, ideal {run['ideal_selective_cost_fraction']:.3f}"
+            f" -> {run['pct_of_ideal']:.1f}% of ideal",
+            f"  input norm       {ms['input_norm']:9.2f} ms ({100 * run['input_norm_fraction_of_dense']:.1f}% of dense)",
+            f"  scoring          {ms['scoring']:9.2f} ms ({100 * run['scoring_fraction_of_dense']:.2f}% of dense)",
+            f"  scoring + top-K  {ms['scoring_and_topk']:9.2f} ms "
+            f"({100 * run['selection_fraction_of_dense']:.2f}% of dense)",
+        ])
+    lines = [f"  {'method':<10} {'layers':>6} {'median ms':>11} {'spread':>7} {'tokens/s':>11} {'speed-up':>8} "
+             f"{'vs rm':>6} {'ideal':>6} {'% ideal':>7} {'peak mem':>10}"]
+    for m in run["methods"]:
+        mem = m["memory"]
+        peak = mem.get("peak_allocated_mib", mem.get("process_peak_rss_mib"))
+        lines.append(
+            f"  {m['method']:<10} {m['changed_layers']:>6} {m['timing']['median_s'] * 1e3:>11.1f} "
+            f"{m['timing']['spread_pct']:>6.1f}% {m['tokens_per_s']:>11.1f} {_f(m['speedup_vs_dense'], '.3f'):>8} "
+            f"{_f(m['throughput_vs_layer_removal'], '.3f'):>6} {_f(m['ideal_speedup'], '.3f'):>6} "
+            f"{_f(m['pct_of_ideal'], '.1f'):>7} {_f(peak, '.0f'):>7} MiB")
+    a = run.get("analysis")
+    if a and a.get("implied_selective_layer_cost") is not None:
+        lines.append(f"  implied selection-layer cost {a['implied_selective_layer_cost']:.3f} of a dense layer "
+                     f"(ideal {a['ideal_selective_layer_cost']:.3f}); dense layer {a['dense_layer_s'] * 1e3:.1f} ms")
+    return "\n".join(lines)
+
+
+def markdown_table(records: list[dict[str, Any]]) -> str:
+    """One row per (file, run, method): the README throughput table."""
+    out = ["| model | device | dtype | mode | batch x tokens | method | layers changed | tokens/s | speed-up "
+           "| vs layer removal | ideal | % of ideal |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for rec in records:
+        env = rec.get("environment", {})
+        device = env.get("device_name") or env.get("device", "?")
+        if env.get("device", "").startswith("cpu"):
+            device = f"CPU ({env.get('cpu_threads', '?')} threads)"
+        for run in rec["runs"]:
+            if run["mode"] == "layer":
+                continue
+            shape = (f"{run['batch']} x {run['seq_len']}" if run["mode"] == "prefill"
+                     else f"{run['batch']} x {run['new_tokens']} new (prompt {run['seq_len']})")
+            for m in run["methods"]:
+                out.append(
+                    f"| {rec['model']} ({rec['num_layers']} layers) | {device} | {rec['dtype']} | {run['mode']} | "
+                    f"{shape} | {m['method']} | {m['changed_layers']} | {m['tokens_per_s']:.0f} | "
+                    f"{_f(m['speedup_vs_dense'], '.3f')} | {_f(m['throughput_vs_layer_removal'], '.3f')} | "
+                    f"{_f(m['ideal_speedup'], '.3f')} | {_f(m['pct_of_ideal'], '.1f')} |")
+    layer_rows = [(rec, run) for rec in records for run in rec["runs"] if run["mode"] == "layer"]
+    if layer_rows:
+        out += ["", "| model | dtype | batch x tokens | dense layer ms | selective layer ms | cost fraction | ideal "
+                "| % of ideal | scoring + top-K (% of dense layer) |", "|---|---|---|---|---|---|---|---|---|"]
+        for rec, run in layer_rows:
+            t = run["timing"]
+            out.append(
+                f"| {rec['model']} | {rec['dtype']} | {run['batch']} x {run['seq_len']} | "
+                f"{t['dense_layer']['median_s'] * 1e3:.1f} | {t['selective_layer']['median_s'] * 1e3:.1f} | "
+                f"{run['selective_cost_fraction']:.3f} | {run['ideal_selective_cost_fraction']:.3f} | "
+                f"{run['pct_of_ideal']:.1f} | {100 * run['selection_fraction_of_dense']:.2f} |")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    paths = sys.argv[1:] if argv is None else argv
+    if not paths:
+        print("usage: python -m orthorank.bench.report RESULT.json ...", file=sys.stderr)
+        return 2
+    records = []
+    for p in paths:
+        for f in sorted(Path(p).glob("*.json")) if Path(p).is_dir() else [Path(p)]:
+            data = json.loads(f.read_text())
+            if data.get("command") == "bench":
+                records.append(data)
+    print(markdown_table(records))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,346 @@
+"""Run throughput benchmarks: prefill, decode, and one decoder layer alone.
+
+Methods are compared side by side on one loaded model: plans are applied and undone in place (apply_orthorank /
+prune_layers / restore_dense), warm-up runs come first, then timed rounds interleave the methods (rotating their
+order each round) so that drift of the machine's speed hits all of them alike.
+"""
+
+from __future__ import annotations
+
+import gc
+import inspect
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from orthorank.bench.costmodel import ideal_speedup, kv_fraction, selective_layer_cost, spread_layers
+from orthorank.bench.timing import (
+    current_memory_mib, peak_memory, reset_peak_memory, summarize, synchronize, time_call,
+)
+from orthorank.errors import UserError
+from orthorank.method.apply import apply_orthorank, prune_layers, restore_dense
+from orthorank.method.plan import Plan, layers_for_sparsity
+from orthorank.method.selection import SelectionConfig
+from orthorank.models.adapters import get_adapter
+
+# Benchmark method name -> plan kind. "sleb" is layer removal (any remover costs the same for speed).
+METHOD_KINDS = {"dense": "dense", "sleb": "prune", "prune": "prune", "orthorank": "orthorank"}
+MODES = ("prefill", "decode", "layer")
+
+
+@dataclass
+class MethodSpec:
+    name: str
+    kind: str
+    layers: list[int]
+    source: str = "spread"  # "spread" (evenly spread at the sparsity) or the plan file it came from
+    selection: SelectionConfig | None = None
+
+    def effective_sparsity(self, num_layers: int) -> float:
+        share = len(self.layers) / num_layers
+        return share * (1.0 - self.selection.ratio) if self.kind == "orthorank" else share
+
+    def apply(self, model: nn.Module) -> None:
+        if self.kind == "dense":
+            restore_dense(model)
+        elif self.kind == "prune":
+            prune_layers(model, self.layers)
+        else:
+            apply_orthorank(model, self.layers, self.selection)
+
+
+def method_specs(methods: list[str], num_layers: int, sparsity: float, selection: SelectionConfig,
+                 plans: list[tuple[str, Plan]] = ()) -> list[MethodSpec]:
+    """Evenly spread layers at the requested sparsity; a plan (path, Plan) of the same kind overrides them."""
+    specs = []
+    for name in methods:
+        kind = METHOD_KINDS.get(name)
+        if kind is None:
+            raise UserError(f"unknown method {name!r}; choose from {', '.join(METHOD_KINDS)}")
+        if kind == "dense":
+            specs.append(MethodSpec(name, kind, []))
+            continue
+        count = layers_for_sparsity(sparsity, num_layers, kind, selection.ratio)
+        spec = MethodSpec(name, kind, spread_layers(count, num_layers),
+                          selection=selection if kind == "orthorank" else None)
+        for path, plan in plans:
+            if plan.method == kind:
+                spec.layers, spec.source = list(plan.layers), str(path)
+                if kind == "orthorank":
+                    spec.selection = plan.selection
+        if kind == "prune" and len(spec.layers) >= num_layers:
+            raise UserError("layer removal at this sparsity would remove every layer")
+        specs.append(spec)
+    if len({s.name for s in specs}) != len(specs):
+        raise UserError("--methods lists a method twice")
+    return specs
+
+
+def _cache_kwarg(model: nn.Module) -> str:
+    """transformers 5.17 calls the cache `past_key_values`, later releases `cache` (the old name is deprecated)."""
+    params = inspect.signature(type(model).forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def _output_cache(out: Any) -> Any:
+    cache = getattr(out, "cache", None)
+    return cache if cache is not None else getattr(out, "past_key_values", None)
+
+
+def random_ids(vocab: int, batch: int, length: int, device: torch.device, seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    # Skip the lowest ids (special tokens in most vocabularies); content does not change the cost.
+    low = min(16, vocab - 1)
+    return torch.randint(low, vocab, (batch, length), generator=gen).to(device)
+
+
+@dataclass
+class RunSettings:
+    mode: str
+    batch: int
+    seq_len: int
+    new_tokens: int = 0
+    warmup: int = 1
+    repeats: int = 5
+    use_cache: bool = False  # prefill only; decode always uses the cache
+    seed: int = 0
+
+
+@dataclass
+class _Measured:
+    spec: MethodSpec
+    times: list[float] = field(default_factory=list)
+    memory: dict[str, Any] = field(default_factory=dict)
+
+
+def _workload(model: nn.Module, settings: RunSettings, device: torch.device) -> Callable[[], float]:
+    """A callable that runs one repetition and returns its timed seconds."""
+    cfg = model.config
+    ids = random_ids(cfg.vocab_size, settings.batch, settings.seq_len, device, settings.seed)
+    if settings.mode == "prefill":
+        def prefill() -> float:
+            return time_call(lambda: model(input_ids=ids, use_cache=settings.use_cache, logits_to_keep=1), device)
+        return prefill
+
+    cache_kw = _cache_kwarg(model)
+
+    def decode() -> float:
+        out = model(input_ids=ids, use_cache=True, logits_to_keep=1)  # the prompt: not timed
+        state = {"cache": _output_cache(out), "next": out.logits[:, -1:].argmax(-1)}
+        del out
+
+        def steps() -> None:
+            for _ in range(settings.new_tokens):
+                o = model(input_ids=state["next"], use_cache=True, **{cache_kw: state["cache"]})
+                state["next"] = o.logits[:, -1:].argmax(-1)
+
+        seconds = time_call(steps, device)
+        state.clear()
+        return seconds
+    return decode
+
+
+def _release(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def run_methods(model: nn.Module, specs: list[MethodSpec], settings: RunSettings, device: torch.device,
+                log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Time each method on one workload; returns the run's record."""
+    num_layers = len(get_adapter(model).layers(model))
+    if settings.mode == "decode" and settings.new_tokens < 1:
+        raise UserError("--mode decode needs --new-tokens of at least 1")
+    tokens = settings.batch * (settings.seq_len if settings.mode == "prefill" else settings.new_tokens)
+    measured = [_Measured(s) for s in specs]
+    base_mib = current_memory_mib(device)
+    try:
+        with torch.inference_mode():
+            work = _workload(model, settings, device)
+            for m in measured:
+                m.spec.apply(model)
+                for _ in range(settings.warmup):
+                    work()
+                restore_dense(model)
+            _release(device)
+            for r in range(settings.repeats):
+                k = r % len(measured)
+                for m in measured[k:] + measured[:k]:
+                    m.spec.apply(model)
+                    reset_peak_memory(device)
+                    m.times.append(work())
+                    mem = peak_memory(device)
+                    for key, value in mem.items():
+                        m.memory[key] = max(m.memory.get(key, 0.0), value)
+                    restore_dense(model)
+                log(f"  round {r + 1}/{settings.repeats}: " + ", ".join(
+                    f"{m.spec.name} {m.times[-1] * 1e3:.1f} ms" for m in measured))
+    finally:
+        restore_dense(model)
+        _release(device)
+
+    f_kv = kv_fraction(model.config)
+    stats = {m.spec.name: summarize(m.times) for m in measured}
+    dense_t = next((stats[m.spec.name]["median_s"] for m in measured if m.spec.kind == "dense"), None)
+    prune_t = next((stats[m.spec.name]["median_s"] for m in measured if m.spec.kind == "prune"), None)
+    rows = []
+    for m in measured:
+        s, st = m.spec, stats[m.spec.name]
+        sel = s.selection or SelectionConfig()
+        ideal = ideal_speedup(s.kind, num_layers, len(s.layers), f_kv, sel.ratio, settings.mode, sel.decode)
+        speedup = dense_t / st["median_s"] if dense_t else None
+        row = {
+            "method": s.name,
+            "kind": s.kind,
+            "layers": s.layers,
+            "changed_layers": len(s.layers),
+            "layers_from": s.source,
+            "effective_sparsity": round(s.effective_sparsity(num_layers), 6),
+            "timing": st,
+            "tokens_per_s": tokens / st["median_s"],
+            "speedup_vs_dense": speedup,
+            "throughput_vs_layer_removal": prune_t / st["median_s"] if prune_t else None,
+            "ideal_speedup": ideal,
+            "pct_of_ideal": 100.0 * speedup / ideal if speedup and ideal else None,
+            # Share of the ideal *gain* reached, (speed-up - 1) / (ideal - 1): the stricter figure.
+            "pct_of_ideal_gain": (100.0 * (speedup - 1.0) / (ideal - 1.0)
+                                  if speedup and ideal and ideal > 1.0 + 1e-9 else None),
+            "memory": {**m.memory, **({"weights_mib": base_mib} if base_mib is not None else {})},
+        }
+        if s.kind == "orthorank":
+            row["selection"] = sel.to_dict()
+            row["ideal_selective_layer_cost"] = selective_layer_cost(f_kv, sel.ratio)
+        rows.append(row)
+    return {
+        "mode": settings.mode,
+        "batch": settings.batch,
+        "seq_len": settings.seq_len,
+        "new_tokens": settings.new_tokens if settings.mode == "decode" else None,
+        "use_cache": True if settings.mode == "decode" else settings.use_cache,
+        "tokens_per_run": tokens,
+        "warmup": settings.warmup,
+        "repeats": settings.repeats,
+        "methods": rows,
+        "analysis": _implied_layer_cost(rows, num_layers) if settings.mode == "prefill" else None,
+    }
+
+
+def _implied_layer_cost(rows: list[dict[str, Any]], num_layers: int) -> dict[str, Any] | None:
+    """From dense (L layers), layer removal (L - p) and OrthoRank (n selection layers) medians, infer one dense
+    layer's time l, the rest of the model e (embedding, head), and a selection layer's cost as a fraction of l."""
+    by_kind = {r["kind"]: r for r in rows}
+    if not all(k in by_kind for k in ("dense", "prune", "orthorank")):
+        return None
+    td, tp, to = (by_kind[k]["timing"]["median_s"] for k in ("dense", "prune", "orthorank"))
+    p, n = by_kind["prune"]["changed_layers"], by_kind["orthorank"]["changed_layers"]
+    if p == 0 or n == 0:
+        return None
+    layer_s = (td - tp) / p
+    rest_s = td - num_layers * layer_s
+    cost = (to - rest_s - (num_layers - n) * layer_s) / (n * layer_s) if layer_s > 0 else None
+    return {
+        "dense_layer_s": layer_s,
+        "rest_of_model_s": rest_s,
+        "implied_selective_layer_cost": cost,
+        "ideal_selective_layer_cost": by_kind["orthorank"].get("ideal_selective_layer_cost"),
+        "note": "estimated from end-to-end medians; noisy when the time difference between methods is small",
+    }
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# One decoder layer alone
+
+
+def run_layer(model: nn.Module, selection: SelectionConfig, settings: RunSettings, device: torch.device,
+              layer_index: int | None = None, profile: bool = False,
+              log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Time one dense decoder layer against the same layer wrapped as a selection layer, and the selection step
+    (scoring alone, scoring + top-K) alone, on random hidden states with no padding and no cache."""
+    from orthorank.method.layer import OrthoRankLayer, SequenceContext
+    from orthorank.method.selection import keep_to_indices, sink_scores
+
+    adapter = get_adapter(model)
+    restore_dense(model)
+    layers = adapter.layers(model)
+    idx = len(layers) // 2 if layer_index is None else layer_index
+    if not 0 <= idx < len(layers):
+        raise UserError(f"--layer-index {idx} is out of range for {len(layers)} layers")
+    layer = layers[idx]
+    cfg = model.config
+    dtype = next(layer.parameters()).dtype
+    B, T = settings.batch, settings.seq_len
+    gen = torch.Generator().manual_seed(settings.seed)
+    with torch.inference_mode():
+        h = torch.randn(B, T, cfg.hidden_size, generator=gen).to(device=device, dtype=dtype)
+        pos = torch.arange(T, device=device).unsqueeze(0)
+        pos_emb = adapter.decoder(model).rotary_emb(h, pos)
+        kwargs = dict(attention_mask=None, position_ids=pos, position_embeddings=pos_emb, use_cache=False)
+        context = SequenceContext()
+        wrapper = OrthoRankLayer(layer, adapter, selection, context, idx)
+        x = layer.input_layernorm(h)
+        src = x if selection.source == "normed" else h
+        sink = src[:, 0]
+        if hasattr(wrapper, "select_indices"):
+            def select() -> Any:
+                return wrapper.select_indices(h, x)
+        else:  # the pre-optimization layer
+            def select() -> Any:
+                return keep_to_indices(wrapper._select(h, x, 0))
+        fns = {
+            "dense_layer": lambda: layer(h, **kwargs),
+            "selective_layer": lambda: wrapper(h, **kwargs),
+            "input_norm": lambda: layer.input_layernorm(h),
+            "scoring": lambda: sink_scores(src, sink, selection.criterion),
+            "scoring_and_topk": select,
+        }
+        for fn in fns.values():
+            for _ in range(settings.warmup):
+                fn()
+        times: dict[str, list[float]] = {k: [] for k in fns}
+        for r in range(settings.repeats):
+            for name, fn in fns.items():
+                times[name].append(time_call(fn, device))
+            log(f"  round {r + 1}/{settings.repeats}: dense {times['dense_layer'][-1] * 1e3:.1f} ms, "
+                f"selective {times['selective_layer'][-1] * 1e3:.1f} ms")
+        prof = _profile(fns, device) if profile else None
+    stats = {k: summarize(v) for k, v in times.items()}
+    dense = stats["dense_layer"]["median_s"]
+    frac = stats["selective_layer"]["median_s"] / dense
+    f_kv = kv_fraction(cfg)
+    ideal = selective_layer_cost(f_kv, selection.ratio)
+    synchronize(device)
+    return {
+        "mode": "layer",
+        "batch": B,
+        "seq_len": T,
+        "layer_index": idx,
+        "warmup": settings.warmup,
+        "repeats": settings.repeats,
+        "kept_tokens_per_row": math.ceil(selection.ratio * T - 1e-9),
+        "timing": stats,
+        "selective_cost_fraction": frac,
+        "ideal_selective_cost_fraction": ideal,
+        "pct_of_ideal": 100.0 * ideal / frac,
+        "input_norm_fraction_of_dense": stats["input_norm"]["median_s"] / dense,
+        "scoring_fraction_of_dense": stats["scoring"]["median_s"] / dense,
+        "selection_fraction_of_dense": stats["scoring_and_topk"]["median_s"] / dense,
+        "profile": prof,
+    }
+
+
+def _profile(fns: dict[str, Callable[[], Any]], device: torch.device, rows: int = 18) -> dict[str, str]:
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    out = {}
+    for name in ("dense_layer", "selective_layer"):
+        with profile(activities=acts) as p:
+            fns[name]()
+            synchronize(device)
+        out[name] = p.key_averages().table(sort_by=key, row_limit=rows)
+    return out

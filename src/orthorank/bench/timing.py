@@ -1,0 +1,76 @@
+"""Timing and memory helpers: CUDA events on GPU, perf_counter on CPU; median and spread of repeated runs."""
+
+from __future__ import annotations
+
+import resource
+import statistics
+import sys
+import time
+from typing import Any, Callable
+
+import torch
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_call(fn: Callable[[], Any], device: torch.device) -> float:
+    """Seconds one call of fn takes, measured on the device's clock (CUDA events) or the host's."""
+    if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        synchronize(device)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1000.0
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def summarize(times: list[float]) -> dict[str, Any]:
+    """Median and spread of repeated timings (seconds)."""
+    ts = sorted(times)
+    med = statistics.median(ts)
+    if len(ts) >= 4:
+        q = statistics.quantiles(ts, n=4, method="inclusive")
+        q1, q3 = q[0], q[2]
+    else:
+        q1, q3 = ts[0], ts[-1]
+    return {
+        "median_s": med,
+        "mean_s": statistics.fmean(ts),
+        "min_s": ts[0],
+        "max_s": ts[-1],
+        "iqr_s": q3 - q1,
+        "spread_pct": 100.0 * (ts[-1] - ts[0]) / med if med > 0 else 0.0,  # (max - min) / median
+        "repeats": len(ts),
+        "times_s": [round(t, 6) for t in times],
+    }
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    if device.type == "cuda":
+        synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_memory(device: torch.device) -> dict[str, Any]:
+    """CUDA: peak allocated and reserved since the last reset. CPU: the process's peak resident set so far
+    (monotonic over the whole run, so only its growth between methods is informative)."""
+    if device.type == "cuda":
+        return {
+            "peak_allocated_mib": round(torch.cuda.max_memory_allocated(device) / 2**20, 1),
+            "peak_reserved_mib": round(torch.cuda.max_memory_reserved(device) / 2**20, 1),
+        }
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    return {"process_peak_rss_mib": round(rss / (2**20 if sys.platform == "darwin" else 2**10), 1)}
+
+
+def current_memory_mib(device: torch.device) -> float | None:
+    if device.type == "cuda":
+        return round(torch.cuda.memory_allocated(device) / 2**20, 1)
+    return None

@@ -1,0 +1,200 @@
+"""`orthorank bench`: throughput of dense vs layer removal vs OrthoRank, side by side, with the cost model.
+
+Modes: prefill (one forward over B x T tokens, logits for the last position only), decode (greedy steps after an
+untimed prompt of T tokens, with the KV cache), layer (one decoder layer alone, dense vs selective, plus the
+selection step alone). --mode and --batch take comma-separated lists; every combination is run on one loaded model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import torch
+
+from orthorank.bench.costmodel import kv_fraction, selective_layer_cost
+from orthorank.bench.report import format_run
+from orthorank.bench.runner import METHOD_KINDS, MODES, RunSettings, method_specs, run_layer, run_methods
+from orthorank.cli.common import (
+    add_model_args, add_output_args, add_selection_args, finite_float, load_from_args, positive_int,
+    selection_from_args,
+)
+from orthorank.errors import UserError
+from orthorank.method.plan import Plan, check_sparsity
+from orthorank.results import check_writable, write_json
+
+
+def _list(kind, text: str) -> list:
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if not items:
+        raise argparse.ArgumentTypeError("empty list")
+    return [kind(t) for t in items]
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench", help="throughput: dense vs layer removal vs OrthoRank (prefill, decode, layer)",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_model_args(p)
+    p.add_argument("--num-layers", type=positive_int, default=None,
+                   help="shrink a random-weight shape (llama2-7b, llama3-8b, mistral-7b, ...) to this many layers")
+    p.add_argument("--methods", type=lambda t: _list(str, t), default=["dense", "sleb", "orthorank"],
+                   help=f"comma-separated, from {', '.join(METHOD_KINDS)} (default dense,sleb,orthorank)")
+    p.add_argument("--sparsity", type=finite_float, default=0.2,
+                   help="skipped share of per-token layer work; layers are spread evenly (default 0.2)")
+    p.add_argument("--plan", action="append", default=[],
+                   help="plan file overriding the layers of its method (orthorank or prune); may repeat")
+    p.add_argument("--mode", type=lambda t: _list(str, t), default=["prefill"],
+                   help="prefill, decode, layer, or a comma-separated list (default prefill)")
+    p.add_argument("--batch", type=lambda t: _list(positive_int, t), default=[1],
+                   help="batch size, or a comma-separated list (default 1)")
+    p.add_argument("--seq-len", type=positive_int, default=1024, help="tokens per row (default 1024)")
+    p.add_argument("--decode-batch", type=lambda t: _list(positive_int, t), default=None,
+                   help="decode mode's batch sizes, if other than --batch")
+    p.add_argument("--prompt-len", type=positive_int, default=None,
+                   help="decode mode: untimed prompt tokens before the timed steps (default --seq-len)")
+    p.add_argument("--new-tokens", type=positive_int, default=32, help="decode steps timed per run (default 32)")
+    p.add_argument("--warmup", type=int, default=1, help="untimed runs per method first (default 1)")
+    p.add_argument("--repeats", type=positive_int, default=5, help="timed runs per method (default 5)")
+    p.add_argument("--cache", action="store_true", help="prefill: fill a KV cache, as generation does")
+    p.add_argument("--fit-batch", action="store_true",
+                   help="on CUDA out-of-memory, halve the batch and retry (the batch used is recorded)")
+    p.add_argument("--layer-index", type=int, default=None, help="layer mode: which layer (default: middle)")
+    p.add_argument("--profile", action="store_true", help="layer mode: print a profiler table per layer type")
+    add_selection_args(p)
+    add_output_args(p)
+    p.set_defaults(func=run)
+
+
+def _check(args) -> None:
+    check_sparsity(args.sparsity)
+    bad = [m for m in args.mode if m not in MODES]
+    if bad:
+        raise UserError(f"unknown mode {bad[0]!r}; choose from {', '.join(MODES)}")
+    if args.warmup < 0:
+        raise UserError("--warmup must be 0 or more")
+    unknown = [m for m in args.methods if m not in METHOD_KINDS]
+    if unknown:
+        raise UserError(f"unknown method {unknown[0]!r}; choose from {', '.join(METHOD_KINDS)}")
+
+
+def _loadavg() -> list[float] | None:
+    try:
+        return [round(v, 2) for v in os.getloadavg()]
+    except (AttributeError, OSError):
+        return None
+
+
+def _oom_types() -> tuple[type[BaseException], ...]:
+    return tuple(t for t in (getattr(torch, "OutOfMemoryError", None),
+                             getattr(torch.cuda, "OutOfMemoryError", None)) if t is not None)
+
+
+def run(args) -> int:
+    _check(args)
+    check_writable(args.json_out, args.overwrite)
+    plans = [(path, Plan.load(path)) for path in args.plan]
+    lm = load_from_args(args)
+    for path, plan in plans:
+        plan.check_model(lm.name, lm.signature())
+        if plan.method == "dense":
+            raise UserError(f"plan file {path} is a dense plan; nothing to override")
+    selection = selection_from_args(args)
+    specs = method_specs(args.methods, lm.num_layers, args.sparsity, selection, plans)
+    cfg = lm.config
+    dtype = next(lm.model.parameters()).dtype
+    f_kv = kv_fraction(cfg)
+    print(f"model {lm.name}: {lm.num_layers} layers, hidden {cfg.hidden_size}, "
+          f"{cfg.num_attention_heads}/{getattr(cfg, 'num_key_value_heads', None)} heads, {dtype}, {lm.device}; "
+          f"f_kv {f_kv:.3f}, ideal selective layer cost {selective_layer_cost(f_kv, selection.ratio):.3f}")
+    for s in specs:
+        print(f"  {s.name}: {s.kind}, {len(s.layers)} layers {s.layers} ({s.source})")
+
+    runs: list[dict] = []
+
+    def payload(done: bool) -> dict:
+        return {
+            "command": "bench",
+            "complete": done,
+            "model": lm.name,
+            "num_layers": lm.num_layers,
+            "config": {
+                "model_type": cfg.model_type,
+                "hidden_size": cfg.hidden_size,
+                "intermediate_size": cfg.intermediate_size,
+                "num_attention_heads": cfg.num_attention_heads,
+                "num_key_value_heads": getattr(cfg, "num_key_value_heads", None),
+                "vocab_size": cfg.vocab_size,
+            },
+            "dtype": str(dtype).replace("torch.", ""),
+            "methods": args.methods,
+            "sparsity": args.sparsity,
+            "selection": selection.to_dict(),
+            "f_kv": f_kv,
+            "ideal_selective_layer_cost": selective_layer_cost(f_kv, selection.ratio),
+            "seed": args.seed,
+            "runs": runs,
+        }
+
+    for mode in args.mode:
+        batches = args.decode_batch if mode == "decode" and args.decode_batch else args.batch
+        seq_len = (args.prompt_len or args.seq_len) if mode == "decode" else args.seq_len
+        for requested in batches:
+            batch = requested
+            while True:
+                settings = RunSettings(mode, batch, seq_len, args.new_tokens, args.warmup, args.repeats,
+                                       args.cache, args.seed)
+                print(f"{mode}: batch {batch} x {seq_len}" + (f", {args.new_tokens} new tokens"
+                                                                 if mode == "decode" else ""))
+                load = _loadavg()
+                try:
+                    if mode == "layer":
+                        record = run_layer(lm.model, selection, settings, lm.device, args.layer_index, args.profile)
+                    else:
+                        record = run_methods(lm.model, specs, settings, lm.device)
+                except _oom_types() as exc:
+                    torch.cuda.empty_cache()
+                    if not args.fit_batch or batch == 1:
+                        raise UserError(f"out of memory at batch {batch} x {seq_len}: "
+                                        f"{str(exc).splitlines()[0]} (try --fit-batch or a smaller batch)") from None
+                    print(f"  out of memory at batch {batch}; retrying with {batch // 2}")
+                    batch //= 2
+                    continue
+                break
+            if batch != requested:
+                record["note"] = f"batch {requested} ran out of memory; {batch} is the largest that fitted"
+            record["requested_batch"] = requested
+            if load is not None:  # CPU timings depend on what else runs on the machine
+                record["load_average"] = {"before": load, "after": _loadavg()}
+            runs.append(record)
+            print(format_run(record))
+            if mode == "layer" and record.get("profile"):
+                for name, table in record["profile"].items():
+                    print(f"--- profile: {name}\n{table}")
+            if args.json_out:  # rewritten after every run: a killed run keeps what finished
+                write_json(args.json_out, payload(False), device=lm.device, overwrite=True)
+
+    if args.json_out:
+        path = write_json(args.json_out, payload(True), device=lm.device, overwrite=True)
+        print(f"wrote {path}")
+    return 0
+
+
+def standalone(argv: list[str] | None = None) -> int:
+    """`python -m orthorank.cli.bench ...`: the bench subcommand alone, without importing the other subcommands
+    (whose optional dependencies a bare GPU machine may lack)."""
+    import sys
+
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    parser = argparse.ArgumentParser(prog="orthorank")
+    add_parser(parser.add_subparsers(dest="command", required=True, metavar="COMMAND"))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(argv if argv[:1] == ["bench"] else ["bench", *argv])
+    try:
+        return int(args.func(args) or 0)
+    except UserError as exc:
+        print(f"orthorank bench: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(standalone())

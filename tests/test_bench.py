@@ -1,0 +1,257 @@
+"""Throughput benchmark: cost model, the bench CLI on a tiny shape, and exactness of the fast selective layer's
+paths that the method tests do not reach (chunked attention, fixed-K selection)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import tiny_model
+from orthorank.bench.costmodel import ideal_speedup, kv_fraction, selective_layer_cost, spread_layers
+from orthorank.cli.main import main
+from orthorank.method import SelectionConfig, apply_orthorank
+from orthorank.method.layer import OrthoRankLayer
+from orthorank.method.selection import keep_to_indices, tokens_to_keep, top_k_indices, topk_keep_mask
+from orthorank.models.shapes import shape_config
+
+ROOT = Path(__file__).resolve().parents[1]
+ATOL = 1e-5
+
+
+def test_kv_fraction_from_config():
+    assert round(kv_fraction(shape_config("llama2-7b")), 3) == 0.166
+    assert round(kv_fraction(shape_config("llama3-8b")), 3) == 0.038
+    assert round(kv_fraction(shape_config("mistral-7b")), 3) == 0.038
+    # SmolLM2-135M: q 576x576, k/v 576x192 each, o 576x576, MLP 3x576x1536
+    assert kv_fraction(shape_config("smollm2-135m-shape")) == pytest.approx(2 * 192 / (2 * 576 + 2 * 192 + 3 * 1536))
+
+
+def test_ideal_speedup():
+    f2, f3 = kv_fraction(shape_config("llama2-7b")), kv_fraction(shape_config("llama3-8b"))
+    assert selective_layer_cost(f2, 0.33) == pytest.approx(0.441, abs=1e-3)
+    # The issue's numbers: 10 of 32 layers at ratio 0.33 -> 1.21x (Llama-2-7B), 1.25x (Llama-3-8B); 7 removed -> 1.28x
+    assert ideal_speedup("orthorank", 32, 10, f2, 0.33) == pytest.approx(1.2116, abs=1e-3)
+    assert ideal_speedup("orthorank", 32, 10, f3, 0.33) == pytest.approx(1.2521, abs=1e-3)
+    assert ideal_speedup("prune", 32, 7) == pytest.approx(32 / 25)
+    assert ideal_speedup("dense", 32, 0) == 1.0
+    assert ideal_speedup("orthorank", 32, 10, f2, 1.0) == pytest.approx(1.0)
+    assert ideal_speedup("orthorank", 32, 10, f2, 0.33, mode="decode") == 1.0  # every new token is updated
+    assert ideal_speedup("orthorank", 32, 10, f2, 0.33, mode="decode", decode="threshold") is None
+
+
+def test_spread_layers():
+    assert spread_layers(10, 32) == [2, 5, 8, 11, 14, 17, 20, 23, 26, 29]
+    for n in range(0, 33):
+        layers = spread_layers(n, 32)
+        assert len(layers) == n and len(set(layers)) == n and all(0 <= i < 32 for i in layers)
+        if n <= 30:
+            assert 0 not in layers and 31 not in layers
+
+
+def _bench(tmp_path, *extra):
+    out = tmp_path / "bench.json"
+    rc = main(["bench", "--model", "smollm2-135m-shape", "--num-layers", "4", "--device", "cpu",
+               "--sparsity", "0.25", "--seq-len", "24", "--warmup", "1", "--repeats", "2",
+               "--json", str(out), *extra])
+    assert rc == 0
+    return json.loads(out.read_text())
+
+
+def test_bench_cli_prefill_decode_layer(tmp_path):
+    data = _bench(tmp_path, "--mode", "prefill,decode,layer", "--batch", "2", "--new-tokens", "3",
+                  "--methods", "dense,sleb,orthorank")
+    assert data["command"] == "bench" and data["model"] == "smollm2-135m-shape" and data["num_layers"] == 4
+    assert data["f_kv"] == pytest.approx(kv_fraction(shape_config("smollm2-135m-shape")))
+    assert {"torch", "transformers", "device", "git_commit"} <= set(data["environment"])
+    runs = {r["mode"]: r for r in data["runs"]}
+    assert set(runs) == {"prefill", "decode", "layer"}
+    for mode in ("prefill", "decode"):
+        run = runs[mode]
+        assert run["batch"] == 2 and run["seq_len"] == 24 and run["repeats"] == 2
+        assert run["tokens_per_run"] == (2 * 24 if mode == "prefill" else 2 * 3)
+        methods = {m["method"]: m for m in run["methods"]}
+        assert set(methods) == {"dense", "sleb", "orthorank"}
+        # 0.25 of 4 layers: layer removal drops ceil(1.0) = 1; OrthoRank selects in round(1 / 0.67) = 1
+        assert methods["sleb"]["changed_layers"] == 1 and methods["orthorank"]["changed_layers"] == 1
+        assert methods["dense"]["speedup_vs_dense"] == pytest.approx(1.0)
+        assert methods["sleb"]["throughput_vs_layer_removal"] == pytest.approx(1.0)
+        assert methods["sleb"]["ideal_speedup"] == pytest.approx(4 / 3)
+        for m in methods.values():
+            t = m["timing"]
+            assert len(t["times_s"]) == 2 and t["min_s"] <= t["median_s"] <= t["max_s"] and t["spread_pct"] >= 0
+            assert m["tokens_per_s"] > 0 and m["pct_of_ideal"] > 0
+            assert m["memory"]  # process peak RSS on CPU, peak allocated on CUDA
+    f = data["f_kv"]
+    assert runs["prefill"]["methods"][2]["ideal_speedup"] == pytest.approx(4 / (3 + selective_layer_cost(f, 0.33)))
+    assert runs["decode"]["methods"][2]["ideal_speedup"] == 1.0
+    assert runs["decode"]["new_tokens"] == 3
+    assert "implied_selective_layer_cost" in runs["prefill"]["analysis"]
+    layer = runs["layer"]
+    assert layer["ideal_selective_cost_fraction"] == pytest.approx(selective_layer_cost(f, 0.33))
+    assert layer["selective_cost_fraction"] > 0 and layer["kept_tokens_per_row"] == 8
+    assert {"dense_layer", "selective_layer", "input_norm", "scoring", "scoring_and_topk"} <= set(layer["timing"])
+
+
+def test_bench_cli_plan_override_and_errors(tmp_path, capsys):
+    from orthorank.method.plan import Plan
+    from orthorank.models.loading import load_model
+
+    lm = load_model("smollm2-135m-shape", device="cpu", num_layers=4)
+    plan = tmp_path / "plan.json"
+    Plan("orthorank", [1, 2], lm.name, lm.signature()).save(plan)
+    data = _bench(tmp_path, "--methods", "dense,orthorank", "--plan", str(plan), "--batch", "1")
+    ortho = data["runs"][0]["methods"][1]
+    assert ortho["layers"] == [1, 2] and ortho["layers_from"] == str(plan)
+    assert main(["bench", "--model", "smollm2-135m-shape", "--num-layers", "2", "--mode", "sideways"]) == 2
+    assert main(["bench", "--model", "smollm2-135m-shape", "--num-layers", "2", "--methods", "dense,magic"]) == 2
+    assert "unknown" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("entry", [
+    # Known to fail while a registered subcommand imports an optional package at import time (cli/analyze.py ->
+    # analysis/plots.py -> matplotlib); benchmarks/gpu_bench.sh then falls back to `python -m orthorank.cli.bench`.
+    pytest.param("orthorank.cli.main", marks=pytest.mark.xfail(
+        reason="a subcommand module imports matplotlib at import time", strict=False)),
+    "orthorank.cli.bench",
+])
+def test_bench_path_needs_no_optional_packages(tmp_path, entry):
+    """The GPU machine has torch and transformers only: `python -m orthorank.cli.main bench` (and the fallback
+    `python -m orthorank.cli.bench`) must not import lm_eval, matplotlib, gguf, accelerate or psutil."""
+    code = (
+        "import sys, importlib.abc, importlib.util\n"
+        "BLOCK = {'lm_eval', 'matplotlib', 'gguf', 'accelerate', 'psutil', 'pandas', 'datasets', 'scipy'}\n"
+        "class Block(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in BLOCK: raise ModuleNotFoundError('not installed: ' + name, name=name)\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "_find = importlib.util.find_spec\n"  # availability probes (transformers) see the package as absent
+        "importlib.util.find_spec = lambda n, p=None: None if n.split('.')[0] in BLOCK else _find(n, p)\n"
+        f"from {entry} import {'main' if entry.endswith('main') else 'standalone as main'}\n"
+        f"rc = main(['bench', '--model', 'smollm2-135m-shape', '--num-layers', '2', '--device', 'cpu', "
+        f"'--seq-len', '16', '--repeats', '1', '--warmup', '0', '--json', {str(tmp_path / 'b.json')!r}])\n"
+        "sys.exit(rc)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+# -- the fast selective layer ------------------------------------------------------------------------------------
+
+
+def test_top_k_indices_matches_mask_path():
+    g = torch.Generator().manual_seed(0)
+    keys = torch.randint(0, 6, (3, 40), generator=g).float()  # many ties: earlier positions must win
+    keys[1, 0] = -5.0  # the sink has the best raw key but ranks last
+    valid = torch.ones(3, 40, dtype=torch.bool)
+    for k in (1, 7, 13, 39, 40):
+        ref = keep_to_indices(topk_keep_mask(keys, valid, torch.zeros(3, dtype=torch.long), torch.full((3,), k)))[0]
+        assert torch.equal(top_k_indices(keys, k, sink_pos=0), ref)
+
+
+def _naive_reference(m, layer_index, ids, **forward_kwargs):
+    """Run the model; return (selective output, dense layer output with only the kept rows updated, keep)."""
+    wrapper = m.model.layers[layer_index]
+    seen = {}
+
+    def hook(module, args, kwargs, output):
+        seen["h"], seen["kwargs"], seen["out"] = args[0], kwargs, output
+
+    handle = wrapper.register_forward_hook(hook, with_kwargs=True)
+    m(ids, use_cache=False, **forward_kwargs)
+    handle.remove()
+    keep = wrapper.last_keep
+    dense_out = wrapper.layer(seen["h"], **seen["kwargs"])
+    return seen["out"], torch.where(keep.unsqueeze(-1), dense_out, seen["h"]), keep
+
+
+@pytest.mark.parametrize("kv_heads", [1, 2, 4])
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("padded", [False, True])
+def test_chunked_attention_is_exact(monkeypatch, kv_heads, attn, padded):
+    """Query chunks against key prefixes (long sequences) give the dense layer's rows, with and without GQA,
+    with the model's 4-D mask (eager, padding) and without one (SDPA, no padding)."""
+    monkeypatch.setattr(OrthoRankLayer, "min_chunk_keys", 16)
+    m = tiny_model(num_key_value_heads=kv_heads, attn=attn)
+    apply_orthorank(m, [2], SelectionConfig(ratio=0.33))
+    g = torch.Generator().manual_seed(5)
+    ids = torch.randint(1, 128, (2, 200), generator=g)
+    kwargs = {}
+    if padded:
+        mask = torch.ones(2, 200, dtype=torch.long)
+        mask[1, :23] = 0
+        kwargs = {"attention_mask": mask, "position_ids": (mask.cumsum(1) - 1).clamp_min(0)}
+    assert len(m.model.layers[2]._chunks(66, 200)) == 4
+    out, ref, keep = _naive_reference(m, 2, ids, **kwargs)
+    assert torch.allclose(out, ref, atol=ATOL), (out - ref).abs().max()
+    n_valid = torch.tensor([200, 177 if padded else 200])
+    assert (keep.sum(1) == tokens_to_keep(n_valid, 0.33)).all()
+    # The same with one chunk: identical selection, outputs equal to rounding.
+    monkeypatch.setattr(OrthoRankLayer, "max_attention_chunks", 1)
+    out1, _, keep1 = _naive_reference(m, 2, ids, **kwargs)
+    assert torch.equal(keep, keep1) and torch.allclose(out, out1, atol=ATOL)
+
+
+def test_chunked_prefill_with_cache_is_exact(monkeypatch):
+    """A prompt fed in two chunks through the KV cache: the second chunk's sink lies in the cache."""
+    monkeypatch.setattr(OrthoRankLayer, "min_chunk_keys", 16)
+    m = tiny_model()
+    apply_orthorank(m, [1, 2], SelectionConfig(ratio=0.5))
+    g = torch.Generator().manual_seed(9)
+    ids = torch.randint(1, 128, (2, 80), generator=g)
+    first = m(ids[:, :40], use_cache=True)
+    cache = first.past_key_values if hasattr(first, "past_key_values") else first.cache
+    keep_first = m.model.layers[2].last_keep.clone()
+    wrapper = m.model.layers[2]
+    seen = {}
+    handle = wrapper.register_forward_hook(
+        lambda mod, a, k, o: seen.update(h=a[0], kw=k, o=o), with_kwargs=True)
+    from orthorank.bench.runner import _cache_kwarg
+
+    m(ids[:, 40:], use_cache=True, **{_cache_kwarg(m): cache})
+    handle.remove()
+    keep = wrapper.last_keep
+    assert keep_first.shape == (2, 40) and keep.shape == (2, 40)
+    assert (keep.sum(1) == 20).all()  # ceil(0.5 * 40); the sink (in the cache) cannot be chosen
+    # Reference: the dense layer over the same chunk with the cache as it was before this layer's update.
+    layer_cache = seen["kw"].get("cache", seen["kw"].get("past_key_values"))
+    keys, values = layer_cache.layers[wrapper.layer.self_attn.layer_idx].keys, \
+        layer_cache.layers[wrapper.layer.self_attn.layer_idx].values
+    from transformers import DynamicCache
+
+    ref_cache = DynamicCache(config=m.config)
+    ref_cache.update(keys[:, :, :40], values[:, :, :40], wrapper.layer.self_attn.layer_idx)
+    kw = dict(seen["kw"])
+    kw.pop("past_key_values", None)
+    kw["cache" if "cache" in seen["kw"] else "past_key_values"] = ref_cache
+    dense_out = wrapper.layer(seen["h"], **kw)
+    ref = torch.where(keep.unsqueeze(-1), dense_out, seen["h"])
+    assert torch.allclose(seen["o"], ref, atol=ATOL), (seen["o"] - ref).abs().max()
+
+
+def test_selective_layer_does_not_modify_its_input():
+    m = tiny_model()
+    apply_orthorank(m, [1], SelectionConfig(ratio=0.33))
+    h = torch.randn(2, 20, 64)
+    before = h.clone()
+    pos = torch.arange(20).unsqueeze(0)
+    out = m.model.layers[1](h, attention_mask=None, position_ids=pos,
+                            position_embeddings=m.model.rotary_emb(h, pos), use_cache=False)
+    assert torch.equal(h, before) and not torch.equal(out, h)
+
+
+@pytest.mark.skipif(os.environ.get("ORTHORANK_TEST_GPU_SCRIPT") != "1",
+                    reason="runs benchmarks/gpu_bench.sh end to end (about a minute); set ORTHORANK_TEST_GPU_SCRIPT=1")
+def test_gpu_script_tiny(tmp_path):
+    env = {**os.environ, "GPU_BENCH_TINY": "1", "PYTHON": sys.executable}
+    proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_bench.sh"), str(tmp_path)], capture_output=True,
+                          text=True, env=env, timeout=900, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    files = sorted(p.name for p in tmp_path.glob("*.json"))
+    assert any(f.startswith("prefill-") for f in files) and any(f.startswith("decode-") for f in files)
