@@ -14,6 +14,8 @@ COMMAND_MODULES = [
     "orthorank.cli.ppl",
     "orthorank.cli.bench",
     "orthorank.cli.analyze",
+    "orthorank.cli.calibrate",
+    "orthorank.cli.compare",
     "orthorank.cli.zeroshot",
 ]
 
