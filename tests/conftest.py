@@ -44,3 +44,16 @@ def tiny_hf_folder(tmp_path_factory):
     m.save_pretrained(folder)
     tok.save_pretrained(folder)
     return folder
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `data` read ../shared/data (or ORTHORANK_DATA_DIR); without it they are skipped, saying why."""
+    from orthorank.evaluation.data import find_data_dir
+
+    if find_data_dir() is not None:
+        return
+    skip = pytest.mark.skip(reason="offline evaluation data not found: put it at ../shared/data or set "
+                                   "ORTHORANK_DATA_DIR")
+    for item in items:
+        if item.get_closest_marker("data") is not None:
+            item.add_marker(skip)

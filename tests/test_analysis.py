@@ -341,6 +341,7 @@ def test_report_renders_in_chromium(report):
 
 
 @pytest.mark.integration
+@pytest.mark.data
 def test_embedded_model_has_a_sink(tmp_path, capsys):
     code, stdout, err = _cli(capsys, "analyze", "--samples", 1, "--seq-len", 256, "--out", tmp_path, "--device",
                              "cpu")

@@ -11,7 +11,7 @@ from orthorank.evaluation.data import load_eval_text
 from orthorank.evaluation.perplexity import make_windows, perplexity, tokenize_text
 from orthorank.method import SelectionConfig, apply_orthorank, restore_dense
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.data]
 
 
 @pytest.fixture(scope="module")

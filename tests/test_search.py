@@ -76,6 +76,7 @@ def test_layer_counts_for_sparsity():
     assert layers_for_sparsity(0.2, 32, "prune") == 7  # ceil(6.4)
 
 
+@pytest.mark.data
 def test_calibrate_and_compare_cli(tiny_hf_folder, tmp_path, monkeypatch, capsys):
     text = tmp_path / "calib.txt"
     text.write_text("Some calibration text about many different things. " * 200)
@@ -106,6 +107,7 @@ def test_calibrate_and_compare_cli(tiny_hf_folder, tmp_path, monkeypatch, capsys
                  "--out", "out"]) == 2  # would overwrite
 
 
+@pytest.mark.data
 def test_compare_missing_plan(tiny_hf_folder, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     code = main(["compare", "--model", str(tiny_hf_folder), "--methods", "sleb", "--sparsity", "0.45",
@@ -120,6 +122,7 @@ def test_calibrate_bad_sparsity(tiny_hf_folder, tmp_path, capsys, bad):
     assert code == 2 and "sparsity" in capsys.readouterr().err
 
 
+@pytest.mark.data
 def test_compare_with_zeroshot(tiny_hf_folder, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     code = main(["compare", "--model", str(tiny_hf_folder), "--methods", "dense", "--datasets", "wikitext2",
