@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Throughput on one GPU, side by side: dense vs layer removal ("sleb", ceil(0.2 L) evenly spread layers) vs
 # OrthoRank (round(0.2 L / 0.67) evenly spread selection layers at ratio 0.33), bfloat16, random weights:
-#   - prefill, batch 32 x 2048 (halved until it fits), plus one decoder layer alone (dense vs selective, and the
-#     scoring/top-K step alone), for llama2-7b, llama3-8b, mistral-7b;
+#   - prefill, batch 32 x 2048 (halved until it fits), plus one decoder layer alone (dense vs selective, with one
+#     query chunk, the scoring/top-K step alone, and a profiler table of each), for llama2-7b, llama3-8b, mistral-7b;
 #   - decode, batch 1 and 64, prompt 512, 32 new tokens, same shapes.
 # Writes one JSON (and a log) per invocation to OUT_DIR, then OUT_DIR/summary.md (Markdown tables).
 #
@@ -73,7 +73,7 @@ run() {  # run NAME ARGS...: one bench invocation, JSON to OUT/NAME.json, log to
 }
 
 for shape in "${SHAPES[@]}"; do
-  run "prefill-$shape" --model "$shape" "${COMMON[@]}" --mode prefill,layer "${PREFILL[@]}"
+  run "prefill-$shape" --model "$shape" "${COMMON[@]}" --mode prefill,layer --profile "${PREFILL[@]}"
 done
 for shape in "${SHAPES[@]}"; do
   run "decode-$shape" --model "$shape" "${COMMON[@]}" --mode decode "${DECODE[@]}"

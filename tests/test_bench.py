@@ -95,7 +95,14 @@ def test_bench_cli_prefill_decode_layer(tmp_path):
     layer = runs["layer"]
     assert layer["ideal_selective_cost_fraction"] == pytest.approx(selective_layer_cost(f, 0.33))
     assert layer["selective_cost_fraction"] > 0 and layer["kept_tokens_per_row"] == 8
-    assert {"dense_layer", "selective_layer", "input_norm", "scoring", "scoring_and_topk"} <= set(layer["timing"])
+    assert {"dense_layer", "selective_layer", "selective_layer_unchunked", "input_norm", "scoring",
+            "scoring_and_topk"} <= set(layer["timing"])
+    assert layer["attention_chunks"] == 1 and layer["unchunked_attention_cost_fraction"] > 0
+    assert runs["prefill"]["methods"][0]["speedup_vs_dense_best_runs"] == pytest.approx(1.0)
+    from orthorank.bench.report import markdown_table
+
+    table = markdown_table([data])
+    assert table.count("\n| smollm2-135m-shape (4 layers) |") == 6 and "| smollm2-135m-shape | CPU" in table
 
 
 def test_bench_cli_plan_override_and_errors(tmp_path, capsys):

@@ -3,8 +3,8 @@
 A selection layer that updates a fraction r of the tokens but still projects K and V for all of them costs about
 f_kv + (1 - f_kv) * r of a dense layer, where f_kv is the K+V share of the layer's matmul weights. With L layers of
 which n are selection layers, the ideal end-to-end speed-up is L / (L - n + n * cost); removing p layers gives
-L / (L - p). Embedding, final norm and (with logits_to_keep=1) the LM head are ignored: they are small next to
-32 decoder layers, and the benchmark computes logits for the last position only, as generation's prefill does.
+L / (L - p). Embedding, final norm and the LM head (the benchmark applies it to the last position only) are ignored:
+they are small next to 32 decoder layers.
 """
 
 from __future__ import annotations

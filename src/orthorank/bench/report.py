@@ -22,19 +22,22 @@ def format_run(run: dict[str, Any]) -> str:
             f"  selective layer  {ms['selective_layer']:9.2f} ms (spread {t['selective_layer']['spread_pct']:.1f}%)"
             f"  cost {run['selective_cost_fraction']:.3f} of dense, ideal {run['ideal_selective_cost_fraction']:.3f}"
             f" -> {run['pct_of_ideal']:.1f}% of ideal",
+            f"  one query chunk  {ms['selective_layer_unchunked']:9.2f} ms (cost "
+            f"{run['unchunked_attention_cost_fraction']:.3f}; the layer above uses {run['attention_chunks']} chunks)",
             f"  input norm       {ms['input_norm']:9.2f} ms ({100 * run['input_norm_fraction_of_dense']:.1f}% of dense)",
             f"  scoring          {ms['scoring']:9.2f} ms ({100 * run['scoring_fraction_of_dense']:.2f}% of dense)",
             f"  scoring + top-K  {ms['scoring_and_topk']:9.2f} ms "
             f"({100 * run['selection_fraction_of_dense']:.2f}% of dense)",
         ])
     lines = [f"  {'method':<10} {'layers':>6} {'median ms':>11} {'spread':>7} {'tokens/s':>11} {'speed-up':>8} "
-             f"{'vs rm':>6} {'ideal':>6} {'% ideal':>7} {'peak mem':>10}"]
+             f"{'best':>6} {'vs rm':>6} {'ideal':>6} {'% ideal':>7} {'peak mem':>10}"]
     for m in run["methods"]:
         mem = m["memory"]
         peak = mem.get("peak_allocated_mib", mem.get("process_peak_rss_mib"))
         lines.append(
             f"  {m['method']:<10} {m['changed_layers']:>6} {m['timing']['median_s'] * 1e3:>11.1f} "
             f"{m['timing']['spread_pct']:>6.1f}% {m['tokens_per_s']:>11.1f} {_f(m['speedup_vs_dense'], '.3f'):>8} "
+            f"{_f(m.get('speedup_vs_dense_best_runs'), '.3f'):>6} "
             f"{_f(m['throughput_vs_layer_removal'], '.3f'):>6} {_f(m['ideal_speedup'], '.3f'):>6} "
             f"{_f(m['pct_of_ideal'], '.1f'):>7} {_f(peak, '.0f'):>7} MiB")
     a = run.get("analysis")
@@ -44,16 +47,21 @@ def format_run(run: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _device(rec: dict[str, Any]) -> str:
+    env = rec.get("environment", {})
+    if str(env.get("device", "")).startswith("cpu"):
+        n = env.get("cpu_threads", "?")
+        return f"CPU, {n} thread{'s' if n != 1 else ''}"
+    return str(env.get("device_name") or env.get("device", "?"))
+
+
 def markdown_table(records: list[dict[str, Any]]) -> str:
     """One row per (file, run, method): the README throughput table."""
     out = ["| model | device | dtype | mode | batch x tokens | method | layers changed | tokens/s | speed-up "
-           "| vs layer removal | ideal | % of ideal |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "| speed-up, best runs | vs layer removal | ideal | % of ideal |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for rec in records:
-        env = rec.get("environment", {})
-        device = env.get("device_name") or env.get("device", "?")
-        if env.get("device", "").startswith("cpu"):
-            device = f"CPU ({env.get('cpu_threads', '?')} threads)"
+        device = _device(rec)
         for run in rec["runs"]:
             if run["mode"] == "layer":
                 continue
@@ -63,19 +71,22 @@ def markdown_table(records: list[dict[str, Any]]) -> str:
                 out.append(
                     f"| {rec['model']} ({rec['num_layers']} layers) | {device} | {rec['dtype']} | {run['mode']} | "
                     f"{shape} | {m['method']} | {m['changed_layers']} | {m['tokens_per_s']:.0f} | "
-                    f"{_f(m['speedup_vs_dense'], '.3f')} | {_f(m['throughput_vs_layer_removal'], '.3f')} | "
+                    f"{_f(m['speedup_vs_dense'], '.3f')} | {_f(m.get('speedup_vs_dense_best_runs'), '.3f')} | "
+                    f"{_f(m['throughput_vs_layer_removal'], '.3f')} | "
                     f"{_f(m['ideal_speedup'], '.3f')} | {_f(m['pct_of_ideal'], '.1f')} |")
     layer_rows = [(rec, run) for rec in records for run in rec["runs"] if run["mode"] == "layer"]
     if layer_rows:
-        out += ["", "| model | dtype | batch x tokens | dense layer ms | selective layer ms | cost fraction | ideal "
-                "| % of ideal | scoring + top-K (% of dense layer) |", "|---|---|---|---|---|---|---|---|---|"]
+        out += ["", "| model | device | dtype | batch x tokens | dense layer ms | selective layer ms | cost fraction "
+                "| ideal | % of ideal | cost with one query chunk | scoring + top-K (% of dense layer) |",
+                "|---|---|---|---|---|---|---|---|---|---|---|"]
         for rec, run in layer_rows:
             t = run["timing"]
             out.append(
-                f"| {rec['model']} | {rec['dtype']} | {run['batch']} x {run['seq_len']} | "
+                f"| {rec['model']} | {_device(rec)} | {rec['dtype']} | {run['batch']} x {run['seq_len']} | "
                 f"{t['dense_layer']['median_s'] * 1e3:.1f} | {t['selective_layer']['median_s'] * 1e3:.1f} | "
                 f"{run['selective_cost_fraction']:.3f} | {run['ideal_selective_cost_fraction']:.3f} | "
-                f"{run['pct_of_ideal']:.1f} | {100 * run['selection_fraction_of_dense']:.2f} |")
+                f"{run['pct_of_ideal']:.1f} | {_f(run.get('unchunked_attention_cost_fraction'), '.3f')} | "
+                f"{100 * run['selection_fraction_of_dense']:.2f} |")
     return "\n".join(out)
 
 

@@ -1,6 +1,7 @@
 """Run throughput benchmarks: prefill, decode, and one decoder layer alone.
 
-Methods are compared side by side on one loaded model: plans are applied and undone in place (apply_orthorank /
+Prefill runs the decoder over B x T tokens and the LM head on the last position (LastTokenForward); decode times
+greedy steps after an untimed prompt, with the KV cache. Methods are compared side by side on one loaded model: plans are applied and undone in place (apply_orthorank /
 prune_layers / restore_dense), warm-up runs come first, then timed rounds interleave the methods (rotating their
 order each round) so that drift of the machine's speed hits all of them alike.
 """
@@ -79,15 +80,35 @@ def method_specs(methods: list[str], num_layers: int, sparsity: float, selection
     return specs
 
 
-def _cache_kwarg(model: nn.Module) -> str:
+def _cache_kwarg(module: nn.Module) -> str:
     """transformers 5.17 calls the cache `past_key_values`, later releases `cache` (the old name is deprecated)."""
-    params = inspect.signature(type(model).forward).parameters
+    params = inspect.signature(type(module).forward).parameters
     return "cache" if "cache" in params else "past_key_values"
 
 
 def _output_cache(out: Any) -> Any:
     cache = getattr(out, "cache", None)
     return cache if cache is not None else getattr(out, "past_key_values", None)
+
+
+class LastTokenForward:
+    """The decoder stack, then the LM head on the last position only (what generation needs).
+
+    Not `model(..., logits_to_keep=1)`: that applies the head to a strided [B, 1, D] view, for which matmul on CPU
+    copies the whole transposed head weight on every call (1 GiB and seconds for Llama-3's 128k vocabulary), a
+    constant that would dilute every method's speed-up. A contiguous [B, D] row avoids it on every device.
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        self.decoder = get_adapter(model).decoder(model)
+        self.head = model.get_output_embeddings()
+        self.cache_kw = _cache_kwarg(self.decoder)
+
+    def __call__(self, ids: torch.Tensor, use_cache: bool = False, cache: Any = None) -> tuple[torch.Tensor, Any]:
+        kwargs = {self.cache_kw: cache} if cache is not None else {}
+        out = self.decoder(input_ids=ids, use_cache=use_cache, **kwargs)
+        logits = self.head(out.last_hidden_state[:, -1].contiguous())  # [B, vocab]
+        return logits, (_output_cache(out) if use_cache else None)
 
 
 def random_ids(vocab: int, batch: int, length: int, device: torch.device, seed: int) -> torch.Tensor:
@@ -120,22 +141,21 @@ def _workload(model: nn.Module, settings: RunSettings, device: torch.device) -> 
     """A callable that runs one repetition and returns its timed seconds."""
     cfg = model.config
     ids = random_ids(cfg.vocab_size, settings.batch, settings.seq_len, device, settings.seed)
+    forward = LastTokenForward(model)
     if settings.mode == "prefill":
         def prefill() -> float:
-            return time_call(lambda: model(input_ids=ids, use_cache=settings.use_cache, logits_to_keep=1), device)
+            return time_call(lambda: forward(ids, use_cache=settings.use_cache), device)
         return prefill
 
-    cache_kw = _cache_kwarg(model)
-
     def decode() -> float:
-        out = model(input_ids=ids, use_cache=True, logits_to_keep=1)  # the prompt: not timed
-        state = {"cache": _output_cache(out), "next": out.logits[:, -1:].argmax(-1)}
-        del out
+        logits, cache = forward(ids, use_cache=True)  # the prompt: not timed
+        state = {"cache": cache, "next": logits.argmax(-1, keepdim=True)}
+        del logits
 
         def steps() -> None:
             for _ in range(settings.new_tokens):
-                o = model(input_ids=state["next"], use_cache=True, **{cache_kw: state["cache"]})
-                state["next"] = o.logits[:, -1:].argmax(-1)
+                step_logits, state["cache"] = forward(state["next"], use_cache=True, cache=state["cache"])
+                state["next"] = step_logits.argmax(-1, keepdim=True)
 
         seconds = time_call(steps, device)
         state.clear()
@@ -187,6 +207,7 @@ def run_methods(model: nn.Module, specs: list[MethodSpec], settings: RunSettings
     stats = {m.spec.name: summarize(m.times) for m in measured}
     dense_t = next((stats[m.spec.name]["median_s"] for m in measured if m.spec.kind == "dense"), None)
     prune_t = next((stats[m.spec.name]["median_s"] for m in measured if m.spec.kind == "prune"), None)
+    dense_min = next((stats[m.spec.name]["min_s"] for m in measured if m.spec.kind == "dense"), None)
     rows = []
     for m in measured:
         s, st = m.spec, stats[m.spec.name]
@@ -203,6 +224,8 @@ def run_methods(model: nn.Module, specs: list[MethodSpec], settings: RunSettings
             "timing": st,
             "tokens_per_s": tokens / st["median_s"],
             "speedup_vs_dense": speedup,
+            # From the fastest run of each method: less sensitive to other load on a shared CPU.
+            "speedup_vs_dense_best_runs": dense_min / st["min_s"] if dense_min else None,
             "throughput_vs_layer_removal": prune_t / st["median_s"] if prune_t else None,
             "ideal_speedup": ideal,
             "pct_of_ideal": 100.0 * speedup / ideal if speedup and ideal else None,
@@ -290,9 +313,12 @@ def run_layer(model: nn.Module, selection: SelectionConfig, settings: RunSetting
         else:  # the pre-optimization layer
             def select() -> Any:
                 return keep_to_indices(wrapper._select(h, x, 0))
+        unchunked = OrthoRankLayer(layer, adapter, selection, SequenceContext(), idx)
+        unchunked.max_attention_chunks = 1
         fns = {
             "dense_layer": lambda: layer(h, **kwargs),
             "selective_layer": lambda: wrapper(h, **kwargs),
+            "selective_layer_unchunked": lambda: unchunked(h, **kwargs),
             "input_norm": lambda: layer.input_layernorm(h),
             "scoring": lambda: sink_scores(src, sink, selection.criterion),
             "scoring_and_topk": select,
@@ -306,7 +332,12 @@ def run_layer(model: nn.Module, selection: SelectionConfig, settings: RunSetting
                 times[name].append(time_call(fn, device))
             log(f"  round {r + 1}/{settings.repeats}: dense {times['dense_layer'][-1] * 1e3:.1f} ms, "
                 f"selective {times['selective_layer'][-1] * 1e3:.1f} ms")
-        prof = _profile(fns, device) if profile else None
+        prof = None
+        if profile:
+            try:
+                prof = _profile(fns, device)
+            except Exception as exc:  # the profiler is a diagnostic: never lose the timings to it
+                prof = {"error": f"{type(exc).__name__}: {exc}"}
     stats = {k: summarize(v) for k, v in times.items()}
     dense = stats["dense_layer"]["median_s"]
     frac = stats["selective_layer"]["median_s"] / dense
@@ -328,8 +359,17 @@ def run_layer(model: nn.Module, selection: SelectionConfig, settings: RunSetting
         "input_norm_fraction_of_dense": stats["input_norm"]["median_s"] / dense,
         "scoring_fraction_of_dense": stats["scoring"]["median_s"] / dense,
         "selection_fraction_of_dense": stats["scoring_and_topk"]["median_s"] / dense,
+        "unchunked_attention_cost_fraction": stats["selective_layer_unchunked"]["median_s"] / dense,
+        "attention_chunks": len(wrapper._chunks(math.ceil(selection.ratio * T - 1e-9), T)),
+        "scores_bmm_out_dtype": _bmm_flag(),
         "profile": prof,
     }
+
+
+def _bmm_flag() -> bool | None:
+    from orthorank.method import selection
+
+    return getattr(selection, "_BMM_OUT_DTYPE_OK", None)
 
 
 def _profile(fns: dict[str, Callable[[], Any]], device: torch.device, rows: int = 18) -> dict[str, str]:
