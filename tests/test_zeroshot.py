@@ -398,6 +398,7 @@ def test_cli_saved_plan_by_method_and_sparsity(capsys, tiny_hf_folder, tiny_lm, 
                       "--method", "sleb", "--sparsity", 0.1)
 
 
+@pytest.mark.data
 def test_cli_bad_input_is_one_line_exit_2(capsys, tmp_path):
     assert_user_error(capsys, "unknown zero-shot task 'nope'", "zeroshot", "--tasks", "piqa,nope")
     assert_user_error(capsys, "missing data file", "zeroshot", "--data-dir", tmp_path, "--tasks", "piqa")
