@@ -121,10 +121,7 @@ def test_bench_cli_plan_override_and_errors(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("entry", [
-    # Known to fail while a registered subcommand imports an optional package at import time (cli/analyze.py ->
-    # analysis/plots.py -> matplotlib); benchmarks/gpu_bench.sh then falls back to `python -m orthorank.cli.bench`.
-    pytest.param("orthorank.cli.main", marks=pytest.mark.xfail(
-        reason="a subcommand module imports matplotlib at import time", strict=False)),
+    "orthorank.cli.main",
     "orthorank.cli.bench",
 ])
 def test_bench_path_needs_no_optional_packages(tmp_path, entry):

@@ -7,8 +7,6 @@ import time
 
 import torch
 
-from orthorank.analysis.report import check_out_dir, load_compare, render_report
-from orthorank.analysis.stats import analyze, observations
 from orthorank.cli.common import add_model_args, finite_float, load_from_args, positive_int
 from orthorank.errors import UserError
 from orthorank.evaluation.data import load_eval_text
@@ -62,6 +60,10 @@ def _token_ids(tokenizer, text: str, need: int) -> torch.Tensor:
 
 
 def run(args) -> int:
+    # Imported here: plotting needs matplotlib, which the GPU machine's bench path must not require.
+    from orthorank.analysis.report import check_out_dir, load_compare, render_report
+    from orthorank.analysis.stats import analyze
+
     if args.seq_len < 2:
         raise UserError("--seq-len must be at least 2")
     if not 0.0 < args.ratio <= 1.0:
@@ -101,6 +103,8 @@ def run(args) -> int:
 
 
 def _print_summary(a) -> None:
+    from orthorank.analysis.stats import observations
+
     print(f"{'layer':>5} {'cos':>7} {'|cos|':>6} {'sink_stab':>9} {'sink|h|':>9} {'med|h|':>8} {'attn_sink':>9}")
     for l in a.layers:
         st = a.sink_stability[l]
