@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import gc
 import inspect
-import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -284,7 +283,7 @@ def run_layer(model: nn.Module, selection: SelectionConfig, settings: RunSetting
     """Time one dense decoder layer against the same layer wrapped as a selection layer, and the selection step
     (scoring alone, scoring + top-K) alone, on random hidden states with no padding and no cache."""
     from orthorank.method.layer import OrthoRankLayer, SequenceContext
-    from orthorank.method.selection import keep_to_indices, sink_scores
+    from orthorank.method.selection import keep_count, keep_to_indices, sink_scores
 
     adapter = get_adapter(model)
     restore_dense(model)
@@ -351,7 +350,7 @@ def run_layer(model: nn.Module, selection: SelectionConfig, settings: RunSetting
         "layer_index": idx,
         "warmup": settings.warmup,
         "repeats": settings.repeats,
-        "kept_tokens_per_row": math.ceil(selection.ratio * T - 1e-9),
+        "kept_tokens_per_row": keep_count(T, selection.ratio),
         "timing": stats,
         "selective_cost_fraction": frac,
         "ideal_selective_cost_fraction": ideal,
@@ -360,7 +359,7 @@ def run_layer(model: nn.Module, selection: SelectionConfig, settings: RunSetting
         "scoring_fraction_of_dense": stats["scoring"]["median_s"] / dense,
         "selection_fraction_of_dense": stats["scoring_and_topk"]["median_s"] / dense,
         "unchunked_attention_cost_fraction": stats["selective_layer_unchunked"]["median_s"] / dense,
-        "attention_chunks": len(wrapper._chunks(math.ceil(selection.ratio * T - 1e-9), T)),
+        "attention_chunks": len(wrapper._chunks(keep_count(T, selection.ratio), T)),
         "scores_bmm_out_dtype": _bmm_flag(),
         "profile": prof,
     }

@@ -19,7 +19,6 @@ Cost: everything except the input norm, K/V projections and RoPE on K runs on th
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
@@ -28,6 +27,7 @@ from torch import nn
 
 from orthorank.method.selection import (
     SelectionConfig,
+    keep_count,
     keep_to_indices,
     rank_keys,
     sink_scores,
@@ -76,7 +76,7 @@ class SequenceContext:
             f.sink_pos = torch.full((B,), -past, dtype=torch.long, device=device)
             f.in_chunk = None
             f.all_in_chunk = past == 0
-            f.kmax = int(math.ceil(T * ratio - 1e-9))  # tokens_to_keep in float64, on the host
+            f.kmax = keep_count(T, ratio)
             f.k = torch.full((B,), f.kmax, dtype=torch.long, device=device)
             f.uniform = True
         else:

@@ -94,9 +94,18 @@ def _dot_float32(x: torch.Tensor, sink: torch.Tensor) -> torch.Tensor:
     return torch.bmm(x.float(), sink.float().unsqueeze(-1)).squeeze(-1)
 
 
+# The epsilon keeps e.g. 0.33 * 100 from rounding up to 34 by float error.
+_ROUNDING_EPS = 1e-9
+
+
+def keep_count(n: int, ratio: float) -> int:
+    """K = ceil(ratio * n) for one row of n real tokens, on the host (no device sync)."""
+    return max(0, math.ceil(n * ratio - _ROUNDING_EPS))
+
+
 def tokens_to_keep(n_valid: torch.Tensor, ratio: float) -> torch.Tensor:
-    """K = ceil(ratio * n) per row; the epsilon keeps e.g. 0.33 * 100 from rounding up to 34 by float error."""
-    return torch.ceil(n_valid.to(torch.float64) * ratio - 1e-9).clamp_min(0).to(torch.long)
+    """K = ceil(ratio * n) per row, the same rule as keep_count."""
+    return torch.ceil(n_valid.to(torch.float64) * ratio - _ROUNDING_EPS).clamp_min(0).to(torch.long)
 
 
 def rank_keys(
