@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from orthorank.cli.main import main
+from cli_helpers import assert_user_error, run_cli
 
 TEXT = ("The quick brown fox jumps over the lazy dog. " * 40).strip()
 
@@ -18,21 +18,6 @@ def text_file(tmp_path):
     p = tmp_path / "text.txt"
     p.write_text(TEXT)
     return p
-
-
-def run_cli(capsys, *argv):
-    code = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def assert_user_error(capsys, fragment, *argv):
-    code, out, err = run_cli(capsys, *argv)
-    assert code == 2, (code, out, err)
-    lines = [line for line in err.strip().splitlines() if line.strip()]
-    assert lines and "Traceback" not in err, err
-    assert fragment in lines[-1], lines[-1]
-    assert lines[-1].startswith("orthorank ")
 
 
 def test_ppl_dense_and_orthorank_write_json(capsys, tiny_hf_folder, text_file, tmp_path):

@@ -16,6 +16,7 @@ pytest.importorskip("lm_eval")
 from orthorank.cli.main import main  # noqa: E402
 from orthorank.errors import UserError  # noqa: E402
 from orthorank.evaluation.data import find_data_dir  # noqa: E402
+from cli_helpers import assert_user_error as _assert_user_error, run_cli  # noqa: E402
 from orthorank.evaluation.zeroshot import convert  # noqa: E402
 from orthorank.evaluation.zeroshot.registry import ALL_TASKS, MAIN_TASKS, TASKS, resolve_tasks  # noqa: E402
 from orthorank.evaluation.zeroshot.runner import format_table, run_zeroshot, task_manager  # noqa: E402
@@ -354,18 +355,8 @@ def test_find_plan(tmp_path, monkeypatch):
 # ------------------------------------------------------------------------------------------- command line
 
 
-def run_cli(capsys, *argv):
-    code = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 def assert_user_error(capsys, fragment, *argv):
-    code, out, err = run_cli(capsys, *argv)
-    assert code == 2, (code, out, err)
-    lines = [line for line in err.strip().splitlines() if line.strip()]
-    assert "Traceback" not in err and lines[-1].startswith("orthorank zeroshot: error:"), err
-    assert fragment in lines[-1], lines[-1]
+    _assert_user_error(capsys, fragment, *argv, prefix="orthorank zeroshot: error:")
 
 
 @needs_data
