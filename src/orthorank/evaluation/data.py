@@ -111,8 +111,6 @@ def load_calibration_text(source: str = "c4", data_dir: str | Path | None = None
         return "\n\n".join(docs)
     if source == "wikitext2-train":
         return _hub_text("wikitext2", "train")
-    return load_eval_text(source, data_dir) if Path(source).is_file() else _missing_calib(source)
-
-
-def _missing_calib(source: str) -> str:
-    raise UserError(f"calibration data {source!r} is neither 'c4', 'wikitext2-train' nor an existing file")
+    if not Path(source).is_file():
+        raise UserError(f"calibration data {source!r} is neither 'c4', 'wikitext2-train' nor an existing file")
+    return load_eval_text(source, data_dir)
