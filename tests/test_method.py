@@ -231,3 +231,69 @@ def test_unsupported_family():
     m = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64))
     with pytest.raises(UserError, match="supported families: llama, mistral, qwen2"):
         apply_orthorank(m, [0], SelectionConfig())
+
+
+def _right_pad(rows, pad_id=0):
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id)
+    mask = torch.zeros(len(rows), width, dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, : len(r)] = torch.tensor(r)
+        mask[i, : len(r)] = 1
+    return ids, mask
+
+
+@pytest.mark.parametrize("order", ["orthogonal", "random"])
+def test_right_padded_batch_equals_single_rows(order):
+    """Scoring batches (zero-shot) right-pad with a mask: pads never count towards K or get selected."""
+    m = tiny_model()
+    apply_orthorank(m, [1, 2], SelectionConfig(ratio=0.33, order=order))
+    rows = [ids_for(1, 21, seed=8)[0].tolist(), ids_for(1, 9, seed=9)[0].tolist(), ids_for(1, 2, seed=10)[0].tolist()]
+    ids, mask = _right_pad(rows)
+    batched = m(ids, attention_mask=mask).logits
+    keeps = m.model.layers[1].last_keep
+    for i, r in enumerate(rows):
+        single = m(torch.tensor([r])).logits[0]
+        assert torch.allclose(batched[i, : len(r)], single, atol=ATOL), (i, (batched[i, : len(r)] - single).abs().max())
+        assert torch.equal(keeps[i, : len(r)], m.model.layers[1].last_keep[0]) and not keeps[i, len(r):].any()
+
+
+def test_random_order_is_per_sequence_and_batch_independent():
+    """A fresh pattern per sequence, the same whatever the batch size or the row's place in the batch."""
+    m = tiny_model()
+    apply_orthorank(m, [1], SelectionConfig(ratio=0.33, order="random", seed=5))
+    a, b = ids_for(1, 24, seed=11), ids_for(1, 24, seed=12)
+    keep = lambda ids: (m(ids, use_cache=False), m.model.layers[1].last_keep)[1]  # noqa: E731
+    ka, kb = keep(a)[0], keep(b)[0]
+    both = keep(torch.cat([b, a]))
+    assert torch.equal(both[1], ka) and torch.equal(both[0], kb)
+    assert not torch.equal(ka, kb)  # two sequences, two patterns (24 tokens: a collision is vanishingly rare)
+    logits_1 = torch.cat([m(a).logits, m(b).logits])
+    logits_2 = m(torch.cat([a, b])).logits
+    assert torch.allclose(logits_1, logits_2, atol=ATOL)
+    apply_orthorank(m, [1], SelectionConfig(ratio=0.33, order="random", seed=6))
+    assert not torch.equal(keep(a)[0], ka)  # another seed, another pattern
+
+
+@pytest.mark.parametrize("visible", [False, True])
+def test_no_bypass_kv_sink_variant(visible):
+    """The no-KV ablation with the sink's keys/values hidden or kept visible: equal to a dense layer run on the
+    selected tokens (plus the sink when it stays visible), at their true positions."""
+    m = tiny_model()
+    ids = ids_for(1, 20)
+    apply_orthorank(m, [0], SelectionConfig(bypass_kv=False, sink_kv_visible=visible))
+    out = m.model.layers[0]
+    seen = {}
+    out.register_forward_hook(lambda mod, a, k, o: seen.update(h=a[0], kw=k, o=o), with_kwargs=True)
+    m(ids, use_cache=False)
+    keep = out.last_keep[0].clone()
+    assert not keep[0]
+    if visible:
+        keep[0] = True
+    idx = keep.nonzero().squeeze(-1)
+    cos, sin = seen["kw"]["position_embeddings"]
+    kw = dict(seen["kw"], position_embeddings=(cos[:, idx], sin[:, idx]), attention_mask=None)
+    sub = out.layer(seen["h"][:, idx], **kw)
+    sel = out.last_keep[0].nonzero().squeeze(-1)
+    pos_in_sub = torch.searchsorted(idx, sel)
+    assert torch.allclose(seen["o"][0, sel], sub[0, pos_in_sub], atol=ATOL)

@@ -376,7 +376,7 @@ def test_cli_limit_run_end_to_end(capsys, tiny_hf_folder, tmp_path):
 @needs_data
 def test_cli_saved_plan_by_method_and_sparsity(capsys, tiny_hf_folder, tiny_lm, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    plan = Plan("orthorank", [1, 2], tiny_lm.name, tiny_lm.signature(), nominal_sparsity=0.2)
+    plan = Plan("orthorank", [1, 2], tiny_lm.name, tiny_lm.signature(), target_sparsity=0.2)
     plan.save(tmp_path / plan_relpath(tiny_lm.name, "orthorank", 0.2))
     out_json = tmp_path / "o.json"
     code, out, err = run_cli(capsys, "zeroshot", "--model", tiny_hf_folder, "--method", "orthorank",

@@ -8,7 +8,8 @@ from typing import Callable
 
 from orthorank.baselines.search import SearchResult, StackRunner, block_influence, greedy_search, one_shot_ppl
 from orthorank.errors import UserError
-from orthorank.method.plan import layers_for_sparsity
+from orthorank.method.cost import Arch
+from orthorank.method.plan import DEFAULT_COST_SEQ_LEN, layers_for_sparsity
 from orthorank.method.selection import SelectionConfig
 
 
@@ -17,30 +18,32 @@ class SearchMethod:
     name: str
     plan_method: str  # "orthorank" (token selection) or "prune" (layer removal)
     reference: str
-    run: Callable[[StackRunner, int, SelectionConfig, bool], SearchResult]
+    run: Callable[..., SearchResult]  # (runner, steps, selection, progress, **search options)
 
-    def layer_count(self, sparsity: float, num_layers: int, ratio: float) -> int:
-        return layers_for_sparsity(sparsity, num_layers, self.plan_method, ratio)
+    def layer_count(self, sparsity: float, num_layers: int, ratio: float, match: str = "compute",
+                    arch: Arch | None = None, seq_len: int = DEFAULT_COST_SEQ_LEN) -> int:
+        return layers_for_sparsity(sparsity, num_layers, self.plan_method, ratio, match=match, arch=arch,
+                                   seq_len=seq_len)
 
 
 def _inner(L: int) -> list[int]:
     return list(range(1, L - 1))  # first and last layer are never touched (as in SLEB)
 
 
-def _orthorank(runner: StackRunner, n: int, sel: SelectionConfig, progress: bool) -> SearchResult:
+def _orthorank(runner: StackRunner, n: int, sel: SelectionConfig, progress: bool, **opts) -> SearchResult:
     return greedy_search(runner, n, _inner(len(runner.layers)), lambda i: runner.wrap(i, sel), progress,
-                         "orthorank search")
+                         "orthorank search", **opts)
 
 
-def _sleb(runner: StackRunner, n: int, sel: SelectionConfig, progress: bool) -> SearchResult:
-    return greedy_search(runner, n, _inner(len(runner.layers)), lambda i: None, progress, "sleb search")
+def _sleb(runner: StackRunner, n: int, sel: SelectionConfig, progress: bool, **opts) -> SearchResult:
+    return greedy_search(runner, n, _inner(len(runner.layers)), lambda i: None, progress, "sleb search", **opts)
 
 
-def _shortened(runner: StackRunner, n: int, sel: SelectionConfig, progress: bool) -> SearchResult:
+def _shortened(runner: StackRunner, n: int, sel: SelectionConfig, progress: bool, **opts) -> SearchResult:
     return one_shot_ppl(runner, list(range(len(runner.layers))), progress)
 
 
-def _shortgpt(runner: StackRunner, n: int, sel: SelectionConfig, progress: bool) -> SearchResult:
+def _shortgpt(runner: StackRunner, n: int, sel: SelectionConfig, progress: bool, **opts) -> SearchResult:
     return block_influence(runner)
 
 

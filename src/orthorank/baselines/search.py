@@ -49,6 +49,15 @@ class StackRunner:
         self.states: list[list[torch.Tensor]] = []  # states[i][batch]: input of layer i; states[L]: final
         self.evaluations = 0
 
+    def _mask(self, b: int, h: torch.Tensor) -> torch.Tensor | None:
+        # SDPA is causal by itself when given no mask; other attention implementations need the causal mask the
+        # model would build, or calibration would see the future.
+        if getattr(self.model.config, "_attn_implementation", "sdpa") == "sdpa":
+            return None
+        T = h.shape[1]
+        m = torch.full((T, T), torch.finfo(h.dtype).min, dtype=h.dtype, device=h.device).triu(1)
+        return m[None, None]
+
     def wrap(self, i: int, selection: SelectionConfig) -> OrthoRankLayer:
         # A fresh context with no padding mask: calibration windows are unpadded.
         return OrthoRankLayer(self.layers[i], self.adapter, selection, SequenceContext(), i)
@@ -62,12 +71,13 @@ class StackRunner:
     @torch.no_grad()
     def _run(self, config: Config, start: int, b: int, h: torch.Tensor, keep_states: bool) -> torch.Tensor:
         pos_emb = self._pos(b, h)
+        mask = self._mask(b, h)
         for i in range(start, len(self.layers)):
             if keep_states:
                 self.states[i][b] = h
             layer = self._layer(config, i)
             if layer is not None:
-                h = layer(h, attention_mask=None, position_ids=self.position_ids[b], position_embeddings=pos_emb,
+                h = layer(h, attention_mask=mask, position_ids=self.position_ids[b], position_embeddings=pos_emb,
                           use_cache=False)
         if keep_states:
             self.states[len(self.layers)][b] = h
@@ -93,10 +103,19 @@ class StackRunner:
     def loss_with(self, config: Config, start: int) -> float:
         """Mean calibration NLL of `config`, which must agree with the cached configuration before `start`."""
         self.evaluations += 1
-        total = 0.0
-        for b, ids in enumerate(self.batches):
-            total += self._loss(self._run(config, start, b, self.states[start][b], keep_states=False), ids)
-        return total / self.tokens
+        return sum(self.batch_losses(config, start, range(len(self.batches))).values()) / self.tokens
+
+    @torch.no_grad()
+    def batch_losses(self, config: Config, start: int, batches) -> dict[int, float]:
+        """Summed calibration NLL of `config` on the given batches: {batch: NLL}."""
+        out = {}
+        for b in batches:
+            out[b] = self._loss(self._run(config, start, b, self.states[start][b], keep_states=False),
+                                self.batches[b])
+        return out
+
+    def batch_tokens(self, batches) -> int:
+        return sum(self.batches[b].shape[0] * (self.batches[b].shape[1] - 1) for b in batches)
 
 
 def greedy_search(
@@ -106,38 +125,76 @@ def greedy_search(
     change: Callable[[int], nn.Module | None],
     progress: bool = True,
     desc: str = "search",
+    screen_batches: int | None = None,
+    recheck: int = 3,
+    log: Callable[[str], None] | None = None,
 ) -> SearchResult:
     """SLEB's loop: at each step try the change in every remaining candidate layer and keep the one whose
-    calibration loss is lowest."""
+    calibration loss is lowest (ties: the lower layer index).
+
+    Fast variant (screen_batches < all batches): every candidate is first scored on the first `screen_batches`
+    calibration batches; the `recheck` best are then scored on all batches and the best of those is kept. With
+    screen_batches None (or all batches) every candidate sees every batch: exhaustive greedy.
+    Under torchrun the candidates of a step are split across ranks; every rank ends with the same choice."""
+    from orthorank import distributed as dist
+
     start_t = time.perf_counter()
     config: Config = {}
     dense_loss = runner.cache(config)
     order, losses = [], []
     remaining = list(candidates)
-    bar = tqdm(total=sum(len(remaining) - s for s in range(steps)), desc=desc, disable=not progress, leave=False)
-    for _ in range(min(steps, len(remaining))):
-        trials = []
-        for c in remaining:
-            trials.append((runner.loss_with({**config, c: change(c)}, c), c))
-            bar.update(1)
-        loss, best = min(trials)  # ties: lower layer index
+    n_batches = len(runner.batches)
+    screen = n_batches if screen_batches is None else max(1, min(screen_batches, n_batches))
+    all_b, first_b = list(range(n_batches)), list(range(screen))
+    steps = min(steps, len(remaining))
+    bar = tqdm(total=steps, desc=desc, disable=not progress or not dist.is_main(), leave=True, unit="step")
+
+    def score(cands: list[int], batches: list[int]) -> dict[int, dict[int, float]]:
+        mine = {c: runner.batch_losses({**config, c: change(c)}, c, batches) for c in dist.shard(cands)}
+        runner.evaluations += len(cands)
+        merged: dict[int, dict[int, float]] = {}
+        for part in dist.all_gather(mine):
+            merged.update(part)
+        return merged
+
+    for _ in range(steps):
+        first = score(remaining, first_b)
+        if screen < n_batches:
+            ranked = sorted(remaining, key=lambda c: (sum(first[c].values()), c))[:max(1, recheck)]
+            rest = score(ranked, all_b[screen:])
+            totals = {c: (sum(first[c].values()) + sum(rest[c].values())) / runner.tokens for c in ranked}
+        else:
+            totals = {c: sum(first[c].values()) / runner.tokens for c in remaining}
+        best = min(totals, key=lambda c: (totals[c], c))
+        loss = totals[best]
         config[best] = change(best)
         runner.cache(config, best)
         order.append(best)
         losses.append(loss)
         remaining.remove(best)
+        bar.update(1)
         bar.set_postfix(layer=best, loss=f"{loss:.4f}")
+        if log is not None and dist.is_main():
+            log(f"  step {len(order)}: layer {best}, calibration loss {loss:.4f} "
+                f"({time.perf_counter() - start_t:.0f}s)")
     bar.close()
     return SearchResult(order, losses, dense_loss, time.perf_counter() - start_t, runner.evaluations)
 
 
 def one_shot_ppl(runner: StackRunner, candidates: list[int], progress: bool = True) -> SearchResult:
     """Shortened LLaMA's PPL criterion: remove each layer alone; the least harmful come first."""
+    from orthorank import distributed as dist
+
     start_t = time.perf_counter()
     dense_loss = runner.cache({})
+    mine = {}
+    for c in tqdm(dist.shard(candidates), desc="shortened-ppl", disable=not progress or not dist.is_main(),
+                  leave=False):
+        mine[c] = runner.loss_with({c: None}, c)
     scores = {}
-    for c in tqdm(candidates, desc="shortened-ppl", disable=not progress, leave=False):
-        scores[c] = runner.loss_with({c: None}, c)
+    for part in dist.all_gather(mine):
+        scores.update(part)
+    scores = {c: scores[c] for c in candidates}
     order = sorted(scores, key=lambda c: (scores[c], c))
     return SearchResult(order, [scores[c] for c in order], dense_loss, time.perf_counter() - start_t,
                         runner.evaluations, scores)

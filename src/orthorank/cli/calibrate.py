@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+import torch
+
 from orthorank.baselines.calibration import calibration_windows
 from orthorank.baselines.registry import SEARCH_METHODS, get_search
 from orthorank.baselines.search import StackRunner
@@ -12,9 +14,15 @@ from orthorank.cli.common import add_model_args, add_selection_args, load_from_a
 from orthorank.errors import UserError
 from orthorank.evaluation.data import load_calibration_text
 from orthorank.method.apply import restore_dense
-from orthorank.method.plan import Plan, check_sparsity
-from orthorank.method.plan_store import sparsity_label
+from orthorank.method.cost import Arch
+from orthorank.method.plan import DEFAULT_COST_SEQ_LEN, MATCH_RULES, Plan, check_sparsity
+from orthorank.method.plan_store import plan_file_method, sparsity_label
 from orthorank.results import check_writable
+
+# Default calibration: chosen from the calibration-spread study (benchmarks/calibration_spread.py, README).
+DEFAULT_CALIB_SAMPLES = 4
+DEFAULT_CALIB_SEQ_LEN = 2048
+DEFAULT_SCREEN_BATCHES = 1
 
 
 def parse_sparsities(text: str) -> list[float]:
@@ -40,9 +48,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--calib-data", default="c4", help="c4 (sample documents not used for evaluation), "
                    "wikitext2-train (hub), or a text file")
     p.add_argument("--data-dir", default=None)
-    p.add_argument("--calib-samples", type=positive_int, default=32)
-    p.add_argument("--seq-len", type=positive_int, default=512)
-    p.add_argument("--batch-size", type=positive_int, default=4)
+    p.add_argument("--calib-samples", type=positive_int, default=DEFAULT_CALIB_SAMPLES)
+    p.add_argument("--seq-len", type=positive_int, default=DEFAULT_CALIB_SEQ_LEN, help="calibration window length")
+    p.add_argument("--batch-size", type=positive_int, default=1)
+    p.add_argument("--match", choices=MATCH_RULES, default="compute",
+                   help="OrthoRank layer count for a sparsity: compute (default: FLOPs skipped at --cost-seq-len at "
+                        "least pruning's) or nominal (the paper's round(s L / (1 - r)))")
+    p.add_argument("--cost-seq-len", type=positive_int, default=DEFAULT_COST_SEQ_LEN,
+                   help="sequence length at which compute sparsity is counted (the evaluation length)")
+    p.add_argument("--screen-batches", type=positive_int, default=DEFAULT_SCREEN_BATCHES,
+                   help="greedy searches score every candidate on this many calibration batches first and re-check "
+                        "the --recheck best on all of them (default %(default)s; 0 or >= batches = exhaustive)")
+    p.add_argument("--exhaustive", action="store_true", help="score every candidate on every calibration batch")
+    p.add_argument("--recheck", type=positive_int, default=3)
     out = p.add_mutually_exclusive_group(required=True)
     out.add_argument("-o", "--output", help="plan file (one sparsity)")
     out.add_argument("--out-dir", help="folder for <method>-<sparsity>.json, one per sparsity")
@@ -58,24 +76,36 @@ def run(args) -> int:
     selection = selection_from_args(args)
     if search.plan_method == "orthorank" and selection.ratio >= 1.0:
         raise UserError("ratio 1.0 skips no work; choose a ratio below 1")
-    outputs = [Path(args.output)] if args.output else [Path(args.out_dir) / f"{args.method}-{sparsity_label(s)}.json"
+    file_method = plan_file_method(args.method, args.match)
+    outputs = [Path(args.output)] if args.output else [Path(args.out_dir) / f"{file_method}-{sparsity_label(s)}.json"
                                                       for s in sparsities]
     for path in outputs:
         check_writable(path, args.overwrite)
 
+    from orthorank import distributed as dist
+
+    dist.init(args.device)
     text = load_calibration_text(args.calib_data, args.data_dir)
     lm = load_from_args(args)
     if lm.tokenizer is None:
         raise UserError("calibration needs a real model with a tokenizer")
     restore_dense(lm.model)
     L = lm.num_layers
-    counts = [search.layer_count(s, L, selection.ratio) for s in sparsities]
+    arch = Arch.from_config(lm.config, L)
+    counts = [search.layer_count(s, L, selection.ratio, args.match, arch, args.cost_seq_len) for s in sparsities]
     windows = calibration_windows(lm.tokenizer, text, args.calib_samples, args.seq_len, args.seed)
     runner = StackRunner(lm.model, windows, args.batch_size)
-    result = search.run(runner, max(counts), selection, True)
-    print(f"{args.method}: search over {L} layers took {result.seconds:.1f}s ({result.evaluations} candidate "
-          f"evaluations, calibration {args.calib_samples} x {args.seq_len} tokens from {args.calib_data}; "
-          f"dense calibration loss {result.dense_loss:.4f})")
+    screen = None if args.exhaustive or args.screen_batches >= len(runner.batches) else args.screen_batches
+    say = print if dist.is_main() else (lambda *a, **k: None)
+    say(f"{args.method}: {max(counts)} greedy steps over {L} layers, calibration {args.calib_samples} x "
+        f"{args.seq_len} tokens from {args.calib_data} (seed {args.seed}), "
+        + ("exhaustive" if screen is None else f"screening on {screen} of {len(runner.batches)} batches, "
+           f"re-checking the best {args.recheck}") + f", {dist.world_size()} process(es)")
+    result = search.run(runner, max(counts), selection, True, screen_batches=screen, recheck=args.recheck, log=say)
+    say(f"{args.method}: search took {result.seconds:.1f}s ({result.evaluations} candidate evaluations; dense "
+        f"calibration loss {result.dense_loss:.4f})")
+    if not dist.is_main():
+        return 0
     for s, n, path in zip(sparsities, counts, outputs):
         plan = Plan(
             method=search.plan_method,
@@ -83,20 +113,28 @@ def run(args) -> int:
             model=lm.name,
             signature=lm.signature(),
             selection=selection if search.plan_method == "orthorank" else None,
-            nominal_sparsity=s,
+            target_sparsity=s,
+            arch=dict(arch.__dict__),
             provenance={
                 "search": args.method,
                 "reference": search.reference,
+                "match": args.match if search.plan_method == "orthorank" else "removed ceil(s L)",
+                "cost_seq_len": args.cost_seq_len,
                 "order": result.order[:n],
                 "losses": [round(x, 6) for x in result.losses[:n]],
                 "dense_loss": round(result.dense_loss, 6),
                 "calibration": {"data": args.calib_data, "samples": args.calib_samples, "seq_len": args.seq_len,
                                 "seed": args.seed},
+                "search_mode": "exhaustive" if screen is None else {"screen_batches": screen,
+                                                                    "recheck": args.recheck},
                 "search_seconds": round(result.seconds, 2),
+                "search_device": f"{lm.device} x {dist.world_size()}, dtype {str(lm.model.dtype).removeprefix('torch.')}, "
+                                 f"{torch.get_num_threads()} threads",
                 "evaluations": result.evaluations,
             },
         )
         plan.save(path, overwrite=args.overwrite)
-        print(f"  sparsity {s:g}: {n} layers {sorted(plan.layers)} -> effective sparsity "
-              f"{plan.effective_sparsity:.4f}; wrote {path}")
+        m = plan.sparsity(seq_len=args.cost_seq_len)
+        print(f"  sparsity {s:g}: {n} layers {sorted(plan.layers)} -> nominal {m['nominal']:.4f}, compute "
+              f"{m['compute']:.4f} at {args.cost_seq_len} tokens; wrote {path}")
     return 0

@@ -24,11 +24,35 @@ class PerplexityResult:
         return dict(self.__dict__)
 
 
+def adds_bos(tokenizer) -> bool:
+    """Whether the tokenizer puts a BOS token in front of a text by default (Llama 2/3 do, SmolLM2 does not)."""
+    bos = getattr(tokenizer, "bos_token_id", None)
+    if bos is None:
+        return False
+    ids = tokenizer("a", add_special_tokens=True).input_ids
+    return bool(ids) and ids[0] == bos
+
+
 def tokenize_text(tokenizer, text: str) -> torch.Tensor:
-    """The whole text as one 1-D id tensor (no special tokens: SmolLM2 adds no BOS, and GPTQ re-inserts none)."""
+    """The whole text as one 1-D id tensor, as GPTQ and SLEB tokenize it: the tokenizer's defaults over the whole
+    text, so a tokenizer that adds BOS puts exactly one at the start of the stream (windows get none of their own)."""
     if not text.strip():
         raise UserError("the text is empty")
     ids = tokenizer(text, return_tensors="pt", add_special_tokens=False).input_ids[0]
+    if adds_bos(tokenizer):
+        ids = torch.cat([torch.tensor([tokenizer.bos_token_id], dtype=ids.dtype), ids])
+    return ids
+
+
+# GPTQ and SLEB evaluate C4 on its first 256 x seq-len tokens.
+C4_WINDOWS = 256
+
+
+def eval_stream(tokenizer, dataset: str, text: str, seq_len: int) -> torch.Tensor:
+    """The token stream a dataset's windows are cut from: the whole text, or for C4 its first 256 x seq_len tokens."""
+    ids = tokenize_text(tokenizer, text)
+    if dataset == "c4":
+        ids = ids[: C4_WINDOWS * seq_len]
     return ids
 
 
@@ -62,6 +86,46 @@ def window_nll(model: nn.Module, windows: torch.Tensor, batch_size: int = 1, pro
         bar.update(batch.shape[0])
     bar.close()
     return torch.cat(out)
+
+
+def perplexity_key(model: nn.Module, plan, dataset: str, stream: torch.Tensor, seq_len: int,
+                    fingerprint: str | None = None) -> dict:
+    """The result-store key of per-window NLLs: model weights, plan content, the exact token stream the windows are
+    cut from (so data, tokenizer and BOS handling are covered), window length, dtype and code version."""
+    from orthorank.store import code_version, digest, model_fingerprint
+
+    return {
+        "model": fingerprint or model_fingerprint(model),
+        "plan": plan.content_hash(),
+        "dataset": dataset,
+        "stream": digest(stream.to(torch.int64).numpy().tobytes()),
+        "stream_tokens": int(stream.numel()),
+        "seq_len": int(seq_len),
+        "dtype": str(next(model.parameters()).dtype),
+        "device": next(model.parameters()).device.type,
+        "code": code_version("perplexity"),
+    }
+
+
+def stored_window_nll(model: nn.Module, windows: torch.Tensor, namespace=None, batch_size: int = 1,
+                      progress: bool = False, desc: str = "perplexity") -> torch.Tensor:
+    """window_nll through the result store: finished windows are read back, the rest computed (split across the
+    ranks of a torchrun run, in fixed batches of `batch_size` windows) and written as each batch finishes."""
+    from orthorank import distributed as dist
+    from orthorank.store import fill
+    from tqdm.auto import tqdm
+
+    n = windows.shape[0]
+    bar = tqdm(total=n, desc=desc, disable=not progress or not dist.is_main(), leave=False, unit="win")
+
+    def compute(idx: list[int]) -> dict[int, dict]:
+        nll = window_nll(model, windows[idx], batch_size=len(idx))
+        bar.update(len(idx) * dist.world_size())
+        return {i: {"nll": float(v)} for i, v in zip(idx, nll.tolist())}
+
+    values = fill(namespace, range(n), compute, chunk=batch_size)
+    bar.close()
+    return torch.tensor([values[i]["nll"] for i in range(n)], dtype=torch.float64)
 
 
 def perplexity(model: nn.Module, windows: torch.Tensor, batch_size: int = 1, progress: bool = False,

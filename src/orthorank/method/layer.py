@@ -30,7 +30,10 @@ from orthorank.method.selection import (
     keep_count,
     keep_to_indices,
     rank_keys,
+    random_keys,
+    sequence_seed,
     sink_scores,
+    token_hash,
     tokens_to_keep,
     top_k_indices,
     topk_keep_mask,
@@ -50,12 +53,31 @@ class SequenceContext:
 
     def __init__(self) -> None:
         self.attention_mask: torch.Tensor | None = None
+        self.input_ids: torch.Tensor | None = None
         self._facts: _Facts | None = None
+        self._row_hashes: tuple[Any, list[int]] | None = None
 
     def capture(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         mask = kwargs.get("attention_mask", args[1] if len(args) > 1 else None)
         self.attention_mask = mask if isinstance(mask, torch.Tensor) and mask.dim() == 2 else None
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        self.input_ids = ids if isinstance(ids, torch.Tensor) and ids.dim() == 2 else None
         self._facts = None
+        self._row_hashes = None
+
+    def row_hashes(self, B: int, T: int, past: int, valid: torch.Tensor | None) -> list[int]:
+        """One hash per row of its real token ids in this chunk (and the cache length): the random ablation's
+        per-sequence seed. Without input ids (inputs_embeds, calibration runner) rows are told apart by index."""
+        key = (B, T, past)
+        if self._row_hashes is not None and self._row_hashes[0] == key:
+            return self._row_hashes[1]
+        ids = self.input_ids
+        if ids is None or ids.shape != (B, T):
+            hashes = list(range(B))
+        else:
+            hashes = [token_hash(ids[b] if valid is None else ids[b][valid[b]], past) for b in range(B)]
+        self._row_hashes = (key, hashes)
+        return hashes
 
     def facts(self, B: int, T: int, past: int, device: torch.device, ratio: float) -> _Facts:
         mask2d = self.attention_mask
@@ -152,7 +174,6 @@ class OrthoRankLayer(nn.Module):
         cfg = self.config
         B, T, _ = h.shape
         src = x if cfg.source == "normed" else h
-        seed = cfg.seed * 1_000_003 + self.layer_index
 
         if not facts.padded and past == 0:
             # Fast path: every token valid, sink at position 0, the same K per row: no sync.
@@ -161,13 +182,14 @@ class OrthoRankLayer(nn.Module):
             K = facts.kmax
             keys = None
             if K < T:
-                keys = rank_keys(sink_scores(src, sink, cfg.criterion), cfg.order, seed)
+                keys = rank_keys(sink_scores(src, sink, cfg.criterion), cfg.order, self._random_draw(facts, B, T, past))
                 idx = top_k_indices(keys, K, sink_pos=0)
             else:
                 idx = torch.arange(T, device=h.device).expand(B, T)
             if cfg.decode == "threshold":
                 if keys is None:
-                    keys = rank_keys(sink_scores(src, sink, cfg.criterion), cfg.order, seed)
+                    keys = rank_keys(sink_scores(src, sink, cfg.criterion), cfg.order,
+                                     self._random_draw(facts, B, T, past))
                 self._cutoff = keys.gather(1, idx).float().amax(dim=1)
             return idx, None
 
@@ -183,7 +205,7 @@ class OrthoRankLayer(nn.Module):
             return None  # sink unknown (cache built elsewhere): stay exact, run densely
         self._sink_state = sink
 
-        keys = rank_keys(sink_scores(src, sink, cfg.criterion), cfg.order, seed)
+        keys = rank_keys(sink_scores(src, sink, cfg.criterion), cfg.order, self._random_draw(facts, B, T, past))
         if past > 0 and cfg.decode == "threshold" and self._cutoff is not None:
             keep = valid & (keys <= self._cutoff.unsqueeze(1))
             keep &= sink_pos.unsqueeze(1) != torch.arange(T, device=h.device)
@@ -194,6 +216,21 @@ class OrthoRankLayer(nn.Module):
             self._cutoff = kept_keys.amax(dim=1)
         idx, real = keep_to_indices(keep, facts.kmax)
         return idx, (None if facts.uniform else real)
+
+    def _random_draw(self, facts: _Facts, B: int, T: int, past: int) -> torch.Tensor | None:
+        """The random ablation's keys: a fresh pattern per sequence, reproducible from the seed and the sequence's
+        own tokens (independent of batch size, the row's place in the batch and its padding)."""
+        if self.config.order != "random":
+            return None
+        valid = facts.valid
+        hashes = self._context.row_hashes(B, T, past, valid)
+        seeds = [sequence_seed(self.config.seed, self.layer_index, hsh) for hsh in hashes]
+        counts = [T] * B if valid is None else valid.sum(1).tolist()
+        return random_keys(counts, T, seeds, valid, self._device_of(facts))
+
+    @staticmethod
+    def _device_of(facts: _Facts) -> torch.device:
+        return facts.sink_pos.device
 
     # -- forward -------------------------------------------------------------------------------------------------
 
@@ -252,6 +289,10 @@ class OrthoRankLayer(nn.Module):
             # Ablation: bypassed tokens of this chunk offer no keys/values (cached past tokens still do).
             keep = torch.zeros(B, T, dtype=torch.bool, device=h.device).scatter_(
                 1, idx, True if real is None else real)
+            if cfg.sink_kv_visible:  # variant: the sink's keys/values stay visible although it is bypassed
+                sink_pos = self._context.facts(B, T, past, h.device, cfg.ratio).sink_pos
+                rows = torch.nonzero(sink_pos >= 0).squeeze(-1)
+                keep[rows, sink_pos[rows]] = True
             key_keep = torch.cat([torch.ones(B, past, dtype=torch.bool, device=h.device), keep], dim=1)
         model_mask = isinstance(mask4d, torch.Tensor) and mask4d.dim() == 4
         if model_mask:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from dataclasses import dataclass, field
@@ -9,21 +10,43 @@ from pathlib import Path
 from typing import Any
 
 from orthorank.errors import UserError
+from orthorank.method.cost import Arch, compute_sparsity, nominal_sparsity, selection_layers_to_match
 from orthorank.method.selection import SelectionConfig
 
 PLAN_FORMAT = "orthorank-plan/1"
 METHODS = ("dense", "orthorank", "prune")
+# How many selection layers a sparsity level means for OrthoRank (pruning always removes ceil(s * L) layers):
+# "compute": the fewest selection layers whose compute sparsity (FLOPs skipped at the evaluated sequence length,
+# counting what bypassed tokens still run) is at least that of pruning ceil(s * L) layers - the fair default;
+# "nominal": the paper's rule, round(s * L / (1 - r)) layers, equal nominal sparsity.
+MATCH_RULES = ("compute", "nominal")
+DEFAULT_COST_SEQ_LEN = 2048
 
 
-def layers_for_sparsity(sparsity: float, num_layers: int, method: str, ratio: float = 0.33) -> int:
-    """Layer pruning removes ceil(s * L) layers (as SLEB does); OrthoRank selects tokens in
-    round(s * L / (1 - ratio)) layers, so that both skip about the same share of per-token layer work."""
+def layers_for_sparsity(sparsity: float, num_layers: int, method: str, ratio: float = 0.33, *,
+                        match: str = "nominal", arch: Arch | None = None,
+                        seq_len: int = DEFAULT_COST_SEQ_LEN) -> int:
+    """Layers a method changes at a sparsity level. Pruning removes ceil(s * L) layers (as SLEB does). OrthoRank
+    selects tokens in round(s * L / (1 - ratio)) layers under match="nominal" (the paper's rule), or in the fewest
+    layers whose compute sparsity reaches pruning's under match="compute" (needs `arch`)."""
     check_sparsity(sparsity)
+    removed = min(num_layers, math.ceil(sparsity * num_layers - 1e-9))
     if method == "prune":
-        return min(num_layers, math.ceil(sparsity * num_layers - 1e-9))
+        return removed
     if ratio >= 1.0:
         raise UserError("ratio 1.0 skips no work, so no layer count reaches a sparsity above 0")
-    return min(num_layers, round(sparsity * num_layers / (1.0 - ratio)))
+    if match == "nominal":
+        return min(num_layers, round(sparsity * num_layers / (1.0 - ratio)))
+    if match != "compute":
+        raise UserError(f"unknown sparsity matching rule {match!r}; choose one of {', '.join(MATCH_RULES)}")
+    if arch is None:
+        raise ValueError("match='compute' needs the model's architecture")
+    target = compute_sparsity(arch, seq_len, "prune", removed)
+    n = selection_layers_to_match(arch, seq_len, target, ratio)
+    if n > num_layers - 2:
+        raise UserError(f"sparsity {sparsity:g} needs {n} selection layers at ratio {ratio:g} to match pruning's "
+                        f"compute, more than the {num_layers - 2} inner layers; lower the sparsity or the ratio")
+    return n
 
 
 def check_sparsity(sparsity: float) -> None:
@@ -50,8 +73,9 @@ class Plan:
     model: str
     signature: dict[str, Any]
     selection: SelectionConfig | None = None
-    nominal_sparsity: float | None = None
+    target_sparsity: float | None = None  # the level asked for (e.g. 0.2); see `match` in the provenance
     provenance: dict[str, Any] = field(default_factory=dict)
+    arch: dict[str, int] | None = None  # Arch fields, for FLOP counts without loading the model
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -68,18 +92,42 @@ class Plan:
         return int(self.signature["num_layers"])
 
     @property
-    def effective_sparsity(self) -> float:
-        """Skipped share of per-token layer work that this plan really achieves."""
-        if self.method == "dense":
-            return 0.0
-        share = len(self.layers) / self.num_layers
-        return share * (1.0 - self.selection.ratio) if self.method == "orthorank" else share
+    def ratio(self) -> float:
+        return self.selection.ratio if self.method == "orthorank" else 1.0
+
+    @property
+    def nominal_sparsity(self) -> float:
+        """The paper's measure: (n / L) * (1 - r), or removed / L."""
+        return nominal_sparsity(self.num_layers, self.method, len(self.layers), self.ratio)
+
+    # Old name of the nominal measure, kept for callers of the first plan format.
+    effective_sparsity = nominal_sparsity
+
+    def compute_sparsity(self, arch: Arch | None = None, seq_len: int = DEFAULT_COST_SEQ_LEN) -> float | None:
+        """Share of the model's per-token FLOPs skipped at `seq_len` (None when the architecture is unknown)."""
+        arch = arch or (Arch(**self.arch) if self.arch else None)
+        if arch is None:
+            return None
+        return compute_sparsity(arch, seq_len, self.method, len(self.layers), self.ratio)
+
+    def sparsity(self, arch: Arch | None = None, seq_len: int = DEFAULT_COST_SEQ_LEN,
+                 measured: float | None = None) -> dict[str, Any]:
+        """The three measures: nominal, compute (at seq_len) and measured speed-up (None where not run)."""
+        comp = self.compute_sparsity(arch, seq_len)
+        return {"nominal": round(self.nominal_sparsity, 6), "compute": None if comp is None else round(comp, 6),
+                "compute_seq_len": seq_len, "measured_speedup": measured}
 
     def label(self) -> str:
         if self.method == "dense":
             return "dense"
         name = self.provenance.get("search", self.method)
-        return f"{name}@{self.nominal_sparsity:g}" if self.nominal_sparsity is not None else name
+        return f"{name}@{self.target_sparsity:g}" if self.target_sparsity is not None else name
+
+    def content_hash(self) -> str:
+        """What the plan does (method, layers, selection, model), not where it came from: the result store's key."""
+        body = {"method": self.method, "layers": self.layers, "model": self.model, "signature": self.signature,
+                "selection": self.selection.to_dict() if self.selection else None}
+        return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -89,8 +137,9 @@ class Plan:
             "method": self.method,
             "layers": self.layers,
             "selection": self.selection.to_dict() if self.selection else None,
-            "nominal_sparsity": self.nominal_sparsity,
-            "effective_sparsity": round(self.effective_sparsity, 6),
+            "target_sparsity": self.target_sparsity,
+            "sparsity": self.sparsity(seq_len=int(self.provenance.get("cost_seq_len", DEFAULT_COST_SEQ_LEN))),
+            "arch": self.arch,
             "provenance": self.provenance,
         }
 
@@ -114,8 +163,10 @@ class Plan:
                 model=str(data["model"]),
                 signature=dict(data["signature"]),
                 selection=SelectionConfig(**sel) if sel else None,
-                nominal_sparsity=data.get("nominal_sparsity"),
+                # plans of the first format called the requested level "nominal_sparsity"
+                target_sparsity=data.get("target_sparsity", data.get("nominal_sparsity")),
                 provenance=dict(data.get("provenance") or {}),
+                arch=dict(data["arch"]) if data.get("arch") else None,
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise UserError(f"{source} is malformed: {type(exc).__name__}: {exc}") from None

@@ -5,6 +5,7 @@ Shapes: B batch rows, T tokens in the current chunk, D hidden size.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import asdict, dataclass, field
 
@@ -28,6 +29,9 @@ class SelectionConfig:
     order: str = "orthogonal"
     # Ablation "no KV": bypassed tokens contribute no keys/values to the selected queries.
     bypass_kv: bool = True
+    # Under the no-KV ablation, whether the sink's keys/values stay visible although the sink is bypassed (the paper
+    # does not say; both variants are reported). Ignored when bypass_kv is True.
+    sink_kv_visible: bool = False
     # Decoding one token at a time: "dense" updates every new token (ceil(ratio * 1) = 1, the natural reading);
     # "threshold" updates a new token only if it is at least as orthogonal as the prefill's K-th token was.
     decode: str = "dense"
@@ -108,16 +112,43 @@ def tokens_to_keep(n_valid: torch.Tensor, ratio: float) -> torch.Tensor:
     return torch.ceil(n_valid.to(torch.float64) * ratio - _ROUNDING_EPS).clamp_min(0).to(torch.long)
 
 
-def rank_keys(
-    scores: torch.Tensor, order: str, layer_seed: int | None = None
-) -> torch.Tensor:
-    """Turn scores into ascending ranking keys for the chosen order (the method or its ablations)."""
+def sequence_seed(seed: int, layer: int, row_hash: int) -> int:
+    """The random ablation's seed for one sequence in one layer: a function of the sequence's own tokens, so the
+    pattern does not depend on batch size, the row's place in the batch or its padding."""
+    digest = hashlib.blake2b(f"{seed}:{layer}:{row_hash}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
+
+
+def token_hash(ids: torch.Tensor, past: int = 0) -> int:
+    """A stable hash of one row's real token ids (1-D) and the number of tokens before them."""
+    data = ids.detach().to("cpu", torch.int64).numpy().tobytes()
+    return int.from_bytes(hashlib.blake2b(data + past.to_bytes(8, "little"), digest_size=8).digest(), "little")
+
+
+def random_keys(valid_counts: list[int], T: int, seeds: list[int], left_aligned: torch.Tensor | None,
+                device: torch.device) -> torch.Tensor:
+    """[B, T] uniform keys, row b drawn from its own generator for its n_b real tokens in order; positions that
+    are not real tokens get +inf. `left_aligned`: [B, T] bool of real tokens, or None when all are real."""
+    out = torch.full((len(seeds), T), float("inf"))
+    for b, (n, s) in enumerate(zip(valid_counts, seeds)):
+        draw = torch.rand(n, generator=torch.Generator(device="cpu").manual_seed(s))
+        if left_aligned is None:
+            out[b, :n] = draw
+        else:
+            out[b, left_aligned[b].cpu()] = draw
+    return out.to(device)
+
+
+def rank_keys(scores: torch.Tensor, order: str, random_draw: torch.Tensor | None = None) -> torch.Tensor:
+    """Turn scores into ascending ranking keys for the chosen order (the method or its ablations). The random
+    order takes its keys from `random_draw` (see random_keys)."""
     if order == "orthogonal":
         return scores
     if order == "inverse":
         return -scores
-    gen = torch.Generator(device="cpu").manual_seed(int(layer_seed or 0))
-    return torch.rand(scores.shape, generator=gen).to(scores.device)
+    if random_draw is None:
+        raise ValueError("the random order needs per-sequence keys")
+    return random_draw
 
 
 def topk_keep_mask(

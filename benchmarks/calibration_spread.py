@@ -1,0 +1,139 @@
+"""How much OrthoRank's plan and its perplexity move with the calibration sample (issue: robust plans).
+
+For each calibration size (samples x tokens) and seed, run `orthorank calibrate --method orthorank` (compute-matched
+10% and 20%), then evaluate every plan on the same first N windows of WikiText-2 and C4 (seq-len 2048) through
+the result store, with bootstrap intervals. Resumable: existing plan files and stored windows are reused.
+
+    .venv/bin/python benchmarks/calibration_spread.py            # defaults below; writes summary.json / .md
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_calibrate(args, samples: int, seq_len: int, seed: int, out_dir: Path) -> None:
+    wanted = [out_dir / f"orthorank-{s}.json" for s in args.sparsity.split(",")]
+    if all(p.is_file() for p in wanted):
+        return
+    cmd = [sys.executable, "-m", "orthorank.cli.main", "calibrate", "--model", "smollm2-135m", "--method", "orthorank",
+           "--sparsity", args.sparsity, "--calib-samples", str(samples), "--seq-len", str(seq_len),
+           "--seed", str(seed), "--dtype", args.dtype, "--threads", str(args.threads), "--out-dir", str(out_dir),
+           "--overwrite"]
+    if args.exhaustive:
+        cmd.append("--exhaustive")
+    print("+", " ".join(cmd[2:]), flush=True)
+    subprocess.run(cmd, check=True, cwd=ROOT)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sizes", default="8x256,4x2048", help="calibration sizes, samples x tokens")
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--sparsity", default="0.1,0.2")
+    p.add_argument("--eval-windows", type=int, default=20, help="first N windows of each test set (seq-len 2048)")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--exhaustive", action="store_true", help="exhaustive greedy instead of the default screening")
+    p.add_argument("--out", default=str(ROOT / "benchmarks/results/calibration-spread"))
+    p.add_argument("--store", default=str(ROOT / "benchmarks/results/store"))
+    args = p.parse_args()
+
+    import torch
+
+    torch.set_num_threads(args.threads)
+    out = Path(args.out)
+    sizes = [tuple(int(v) for v in s.split("x")) for s in args.sizes.split(",")]
+    seeds = [int(s) for s in args.seeds.split(",")]
+    plan_dirs = {(n, t, seed): out / "plans" / f"{n}x{t}-seed{seed}" for (n, t), seed in itertools.product(sizes, seeds)}
+    for (n, t, seed), d in plan_dirs.items():
+        run_calibrate(args, n, t, seed, d)
+
+    from orthorank.evaluation.data import load_eval_text
+    from orthorank.evaluation.perplexity import eval_stream, make_windows, perplexity_key, stored_window_nll
+    from orthorank.evaluation.stats import perplexity_interval
+    from orthorank.method.apply import apply_plan, restore_dense
+    from orthorank.method.plan import Plan
+    from orthorank.models.loading import load_model
+    from orthorank.results import environment
+    from orthorank.store import ResultStore, model_fingerprint
+
+    lm = load_model("smollm2-135m", device="cpu", dtype=args.dtype)
+    store = ResultStore(args.store)
+    fp = model_fingerprint(lm.model)
+    seq = 2048
+    streams = {d: eval_stream(lm.tokenizer, d, load_eval_text(d), seq) for d in ("wikitext2", "c4")}
+    windows = {d: make_windows(s, seq) for d, s in streams.items()}
+    rows = []
+    plans = [("dense", None, None, Plan("dense", [], lm.name, lm.signature()))]
+    for (n, t, seed), d in plan_dirs.items():
+        for s in args.sparsity.split(","):
+            plans.append((f"{n}x{t}", seed, float(s), Plan.load(d / f"orthorank-{s}.json")))
+    for size, seed, sparsity, plan in plans:
+        apply_plan(lm.model, plan)
+        row = {"size": size, "seed": seed, "sparsity": sparsity, "layers": plan.layers,
+               "search_seconds": plan.provenance.get("search_seconds"),
+               "compute_sparsity": plan.compute_sparsity(seq_len=seq) if plan.arch else 0.0}
+        for d, w in windows.items():
+            ns = store.namespace("perplexity", perplexity_key(lm.model, plan, d, streams[d], seq, fp))
+            nll = stored_window_nll(lm.model, w[: args.eval_windows], ns, 1, progress=True,
+                                    desc=f"{size} seed {seed} {sparsity} {d}")
+            ci = perplexity_interval(nll.numpy(), seq - 1)
+            row[d] = ci.to_dict()
+            row[f"{d}_nll"] = nll.tolist()
+        restore_dense(lm.model)
+        rows.append(row)
+        print(json.dumps({k: v for k, v in row.items() if not k.endswith("_nll")}), flush=True)
+    summary = summarize(rows, sizes, args)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.json").write_text(json.dumps({"rows": rows, "summary": summary, "settings": vars(args),
+                                                  "environment": environment("cpu")}, indent=1) + "\n")
+    (out / "summary.md").write_text(summary["markdown"] + "\n")
+    print(summary["markdown"])
+    return 0
+
+
+def summarize(rows, sizes, args) -> dict:
+    lines = [f"Calibration spread: OrthoRank plans (compute-matched) from {len(args.seeds.split(','))} seeds per "
+             f"calibration size, each evaluated on the first {args.eval_windows} windows of 2048 tokens of "
+             "WikiText-2 and C4 (a slice; 95% bootstrap intervals over windows).", "",
+             "| calibration | sparsity | seed | layers | search s | wikitext2 | c4 |", "|---|---|---|---|---|---|---|"]
+    out = {"per_size": {}}
+    for r in rows:
+        if r["size"] == "dense":
+            cells = ["dense", "0", "-", "-", "-"]
+        else:
+            cells = [r["size"], f"{r['sparsity']:g}", str(r["seed"]), ",".join(map(str, r["layers"])),
+                     f"{r['search_seconds']:.0f}"]
+        for d in ("wikitext2", "c4"):
+            ci = r[d]
+            cells.append(f"{ci['value']:.2f} [{ci['low']:.2f}, {ci['high']:.2f}]")
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "| calibration | sparsity | distinct layers over seeds | layers in every seed | wikitext2 range | "
+              "c4 range |", "|---|---|---|---|---|---|"]
+    for (n, t) in sizes:
+        size = f"{n}x{t}"
+        for s in sorted({r["sparsity"] for r in rows if r["size"] == size}):
+            rs = [r for r in rows if r["size"] == size and r["sparsity"] == s]
+            sets = [set(r["layers"]) for r in rs]
+            union, inter = set().union(*sets), set.intersection(*sets)
+            w = [r["wikitext2"]["value"] for r in rs]
+            c = [r["c4"]["value"] for r in rs]
+            out["per_size"][f"{size}@{s:g}"] = {"union": sorted(union), "common": sorted(inter),
+                                                "wikitext2": [min(w), max(w)], "c4": [min(c), max(c)]}
+            lines.append(f"| {size} | {s:g} | {len(union)} | {len(inter)} of {len(rs[0]['layers'])} | "
+                         f"{min(w):.2f}-{max(w):.2f} | {min(c):.2f}-{max(c):.2f} |")
+    out["markdown"] = "\n".join(lines)
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+"""Uncertainty of sampled numbers: bootstrap intervals over windows and items, paired comparisons.
+
+Perplexity is exp(total NLL / total tokens) over a sample of windows; its uncertainty comes from which windows
+were drawn, so windows are resampled with replacement (percentile bootstrap). Two methods scored on the same
+windows are compared by resampling the same indices for both (paired), which removes the spread that the
+windows' own difficulty adds to both. Zero-shot accuracies work the same way over items.
+
+Every function is deterministic for a seed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+DEFAULT_ITERS = 10_000
+DEFAULT_LEVEL = 0.95
+
+
+@dataclass(frozen=True)
+class Interval:
+    value: float
+    low: float
+    high: float
+    level: float = DEFAULT_LEVEL
+
+    def excludes(self, null: float) -> bool:
+        """True when the interval lies entirely on one side of `null` (a difference the sample supports)."""
+        return self.low > null or self.high < null
+
+    def to_dict(self) -> dict[str, float]:
+        return {k: (round(v, 6) if isinstance(v, float) else v) for k, v in asdict(self).items()}
+
+
+def resample_indices(n: int, iters: int = DEFAULT_ITERS, seed: int = 0) -> np.ndarray:
+    """[iters, n] indices drawn with replacement; the same seed gives the same draws for every method compared."""
+    if n < 1:
+        raise ValueError("cannot resample an empty sample")
+    return np.random.default_rng(seed).integers(0, n, size=(iters, n))
+
+
+def _percentiles(draws: np.ndarray, level: float) -> tuple[float, float]:
+    alpha = (1.0 - level) / 2.0
+    low, high = np.quantile(draws, [alpha, 1.0 - alpha])
+    return float(low), float(high)
+
+
+def perplexity_interval(nll: np.ndarray | list[float], tokens: np.ndarray | list[int] | int, *,
+                        iters: int = DEFAULT_ITERS, seed: int = 0, level: float = DEFAULT_LEVEL) -> Interval:
+    """nll: summed NLL per window; tokens: predicted tokens per window (or one count for all)."""
+    nll = np.asarray(nll, dtype=np.float64)
+    tok = np.broadcast_to(np.asarray(tokens, dtype=np.float64), nll.shape)
+    value = math.exp(nll.sum() / tok.sum())
+    idx = resample_indices(nll.size, iters, seed)
+    draws = np.exp(nll[idx].sum(1) / tok[idx].sum(1))
+    return Interval(value, *_percentiles(draws, level), level)
+
+
+def paired_perplexity_ratio(nll_a, nll_b, tokens, *, iters: int = DEFAULT_ITERS, seed: int = 0,
+                            level: float = DEFAULT_LEVEL) -> Interval:
+    """ppl(a) / ppl(b) on the same windows, with a paired bootstrap interval (same resampled windows for both)."""
+    a = np.asarray(nll_a, dtype=np.float64)
+    b = np.asarray(nll_b, dtype=np.float64)
+    if a.shape != b.shape:
+        raise ValueError(f"paired comparison needs the same windows: {a.shape} vs {b.shape}")
+    tok = np.broadcast_to(np.asarray(tokens, dtype=np.float64), a.shape)
+    value = math.exp((a.sum() - b.sum()) / tok.sum())
+    idx = resample_indices(a.size, iters, seed)
+    draws = np.exp((a[idx].sum(1) - b[idx].sum(1)) / tok[idx].sum(1))
+    return Interval(value, *_percentiles(draws, level), level)
+
+
+def mean_stderr(outcomes) -> float:
+    """Standard error of a mean of per-item outcomes (sample standard deviation / sqrt(n), as the harness)."""
+    x = np.asarray(outcomes, dtype=np.float64)
+    if x.size < 2:
+        return float("nan")
+    return float(x.std(ddof=1) / math.sqrt(x.size))
+
+
+def accuracy_interval(outcomes, *, iters: int = DEFAULT_ITERS, seed: int = 0,
+                      level: float = DEFAULT_LEVEL) -> Interval:
+    x = np.asarray(outcomes, dtype=np.float64)
+    idx = resample_indices(x.size, iters, seed)
+    return Interval(float(x.mean()), *_percentiles(x[idx].mean(1), level), level)
+
+
+def paired_difference(a, b, *, iters: int = DEFAULT_ITERS, seed: int = 0, level: float = DEFAULT_LEVEL) -> Interval:
+    """mean(a) - mean(b) over the same items, with a paired bootstrap interval."""
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    if a.shape != b.shape:
+        raise ValueError(f"paired comparison needs the same items: {a.shape} vs {b.shape}")
+    d = a - b
+    idx = resample_indices(d.size, iters, seed)
+    return Interval(float(d.mean()), *_percentiles(d[idx].mean(1), level), level)

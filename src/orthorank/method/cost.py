@@ -1,0 +1,132 @@
+"""What a plan skips, in FLOPs: the fair measure of sparsity (notes, section 8).
+
+Three measures travel with every plan and result row:
+- nominal: the paper's (n / L) * (1 - r) for token selection, removed / L for pruning;
+- compute: the share of the whole model's forward FLOPs per token (decoder layers, final norm, LM head) that the
+  plan skips at a given sequence length. A removed layer skips everything in it. A selection layer keeping K of
+  T tokens still runs the input norm, the K and V projections, RoPE on K and the scoring for every token; queries,
+  RoPE on Q, the attention core, o_proj, the residual adds, the post-attention norm and the MLP run for K/T of the
+  tokens. The attention core of a selected query costs keys up to its position; selected positions are taken to be
+  spread like all positions (mean (T + 1) / 2 keys), which is what a dense layer pays per token on average.
+- measured: a speed-up from `orthorank bench`, where one was run (None otherwise).
+
+Counts are multiply-adds x 2 for matmuls plus a few FLOPs per element for norms, RoPE, activations and residual
+adds (those are well under 1% of a layer; they are counted because bypassed tokens still pay some of them).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Arch:
+    """The numbers a FLOP count needs, from a Hugging Face config (Llama-style decoder)."""
+
+    num_layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int
+    vocab: int
+
+    @classmethod
+    def from_config(cls, config: Any, num_layers: int | None = None) -> "Arch":
+        d = int(config.hidden_size)
+        heads = int(config.num_attention_heads)
+        return cls(
+            num_layers=int(num_layers if num_layers is not None else config.num_hidden_layers),
+            hidden=d,
+            heads=heads,
+            kv_heads=int(getattr(config, "num_key_value_heads", None) or heads),
+            head_dim=int(getattr(config, "head_dim", None) or d // heads),
+            ffn=int(config.intermediate_size),
+            vocab=int(config.vocab_size),
+        )
+
+
+@dataclass(frozen=True)
+class LayerFlops:
+    """FLOPs per token of one decoder layer, split by what a bypassed token still runs."""
+
+    every_token: float  # input norm, K and V projections, RoPE on K (and, for selection, the scoring)
+    per_updated_token: float  # queries, RoPE on Q, attention core, o_proj, residual adds, post norm, MLP
+
+    @property
+    def dense(self) -> float:
+        return self.every_token + self.per_updated_token
+
+
+def layer_flops(arch: Arch, seq_len: int) -> LayerFlops:
+    d, hd = arch.hidden, arch.head_dim
+    q_out, kv_out = arch.heads * hd, arch.kv_heads * hd
+    norm = 4 * d  # square, mean, rsqrt-scale, weight
+    every = norm + 2 * (2 * d * kv_out) + 3 * kv_out  # K and V projections, RoPE on K
+    keys = (seq_len + 1) / 2  # mean keys a causal query sees
+    attention = 2 * 2 * q_out * keys + 5 * arch.heads * keys  # QK^T and AV, softmax
+    mlp = 2 * 3 * d * arch.ffn + 5 * arch.ffn  # gate, up, down; SiLU and product
+    updated = 2 * d * q_out + 3 * q_out + attention + 2 * q_out * d + d + norm + mlp + d
+    return LayerFlops(float(every), float(updated))
+
+
+def head_flops(arch: Arch) -> float:
+    """Final norm and LM head per token (never skipped; embeddings are a lookup)."""
+    return float(4 * arch.hidden + 2 * arch.hidden * arch.vocab)
+
+
+def kept_fraction(seq_len: int, ratio: float) -> float:
+    from orthorank.method.selection import keep_count
+
+    return keep_count(seq_len, ratio) / seq_len
+
+
+def selection_layer_flops(arch: Arch, seq_len: int, ratio: float) -> float:
+    f = layer_flops(arch, seq_len)
+    scoring = 2 * arch.hidden
+    return f.every_token + scoring + kept_fraction(seq_len, ratio) * f.per_updated_token
+
+
+def model_flops(arch: Arch, seq_len: int, removed: int = 0, selection_layers: int = 0, ratio: float = 1.0) -> float:
+    """Forward FLOPs per token of the model with `removed` layers removed and `selection_layers` selecting tokens."""
+    dense_layer = layer_flops(arch, seq_len).dense
+    plain = arch.num_layers - removed - selection_layers
+    sel = selection_layer_flops(arch, seq_len, ratio) * selection_layers if selection_layers else 0.0
+    return plain * dense_layer + sel + head_flops(arch)
+
+
+def compute_sparsity(arch: Arch, seq_len: int, method: str, count: int, ratio: float = 1.0) -> float:
+    """Share of the dense model's per-token FLOPs a plan skips: method "prune" (count layers removed) or
+    "orthorank" (count selection layers at `ratio`)."""
+    if method == "dense" or count == 0:
+        return 0.0
+    dense = model_flops(arch, seq_len)
+    if method == "prune":
+        return 1.0 - model_flops(arch, seq_len, removed=count) / dense
+    if method == "orthorank":
+        return 1.0 - model_flops(arch, seq_len, selection_layers=count, ratio=ratio) / dense
+    raise ValueError(f"unknown plan method {method!r}")
+
+
+def nominal_sparsity(num_layers: int, method: str, count: int, ratio: float = 1.0) -> float:
+    """The paper's measure: (n / L) * (1 - r) for selection, removed / L for pruning."""
+    if method == "dense" or count == 0:
+        return 0.0
+    share = count / num_layers
+    return share * (1.0 - ratio) if method == "orthorank" else share
+
+
+def selection_layers_to_match(arch: Arch, seq_len: int, target: float, ratio: float) -> int:
+    """The fewest selection layers at `ratio` whose compute sparsity is at least `target`."""
+    saved = layer_flops(arch, seq_len).dense - selection_layer_flops(arch, seq_len, ratio)
+    if saved <= 0:
+        raise ValueError(f"ratio {ratio} saves no compute at sequence length {seq_len}")
+    total = model_flops(arch, seq_len)
+    n = max(0, math.ceil(target * total / saved - 1e-9))
+    while n > 0 and compute_sparsity(arch, seq_len, "orthorank", n - 1, ratio) >= target:
+        n -= 1
+    while n <= arch.num_layers and compute_sparsity(arch, seq_len, "orthorank", n, ratio) < target - 1e-12:
+        n += 1
+    return n

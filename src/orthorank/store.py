@@ -1,0 +1,204 @@
+"""A result store that makes long evaluations resumable and shardable.
+
+Layout: <root>/<kind>/<key hash>/meta.json holds the full key (model fingerprint, plan content, dataset and
+protocol, code version); entries live beside it in small JSON files, each {"entries": {index: value}, "sha256": ..}
+written atomically (temporary file, fsync, rename), so a run killed mid-write loses only the unfinished entry.
+A run reads what is there and computes the rest; shards computed elsewhere merge by copying their entry files
+into the same folder (`merge`). An entry made under another key lives in another folder and is never read; a
+corrupt entry file raises an error naming it (or, with recompute=True, is set aside and its entries recomputed).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any, Iterable
+
+import torch
+from torch import nn
+
+from orthorank.errors import UserError
+
+# The modules whose code decides the numbers a result of each kind holds; a change to any of them is a new code
+# version for that kind.
+_MODEL_MODULES = ("method/selection.py", "method/layer.py", "method/apply.py", "models/adapters.py",
+                  "models/loading.py")
+NUMERIC_MODULES = {
+    "perplexity": _MODEL_MODULES + ("evaluation/perplexity.py",),
+    "zeroshot": _MODEL_MODULES + ("evaluation/zeroshot/scoring.py", "evaluation/zeroshot/convert.py"),
+}
+
+
+def _canonical(obj: Any) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str).encode()
+
+
+def digest(obj: Any, n: int = 16) -> str:
+    return hashlib.sha256(obj if isinstance(obj, bytes) else _canonical(obj)).hexdigest()[:n]
+
+
+def code_version(kind: str = "perplexity") -> str:
+    """A hash of the source of the modules that decide the numbers of a result kind, plus torch and transformers
+    versions."""
+    import transformers
+
+    root = Path(__file__).resolve().parent
+    h = hashlib.sha256()
+    for rel in NUMERIC_MODULES[kind]:
+        path = root / rel
+        h.update(rel.encode())
+        h.update(path.read_bytes() if path.is_file() else b"-")
+    h.update(f"torch={torch.__version__};transformers={transformers.__version__}".encode())
+    return h.hexdigest()[:16]
+
+
+@torch.no_grad()
+def model_fingerprint(model: nn.Module, samples_per_tensor: int = 4096) -> str:
+    """Names, shapes, dtypes and an evenly strided sample of every parameter and buffer: cheap even for large models,
+    and different for different weights (a change the sample misses would have to avoid every sampled element)."""
+    h = hashlib.sha256()
+    h.update(_canonical(model.config.to_dict() if hasattr(model, "config") else {}))
+    for name, t in list(model.named_parameters()) + list(model.named_buffers()):
+        if t.device.type == "meta":
+            continue
+        flat = t.detach().reshape(-1)
+        step = max(1, flat.numel() // samples_per_tensor)
+        sample = flat[::step][:samples_per_tensor].float().cpu().numpy().tobytes()
+        h.update(f"{name}:{tuple(t.shape)}:{t.dtype}".encode())
+        h.update(sample)
+    return h.hexdigest()[:16]
+
+
+class StoreError(UserError):
+    pass
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".part")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+class Namespace:
+    """The entries of one key (one model, plan, protocol and code version), by integer index."""
+
+    def __init__(self, folder: Path, key: dict[str, Any], recompute_corrupt: bool = False) -> None:
+        self.folder = folder
+        self.key = key
+        self.recompute_corrupt = recompute_corrupt
+        meta = folder / "meta.json"
+        if meta.is_file():
+            try:
+                stored = json.loads(meta.read_text())
+            except json.JSONDecodeError:
+                raise StoreError(f"result store entry {meta} is corrupt (not JSON); delete that folder to "
+                                 "recompute it") from None
+            if _canonical(stored) != _canonical(json.loads(_canonical(key))):
+                raise StoreError(f"result store folder {folder} holds results for another key; delete it")
+
+    def _ensure(self) -> None:
+        if not (self.folder / "meta.json").is_file():
+            self.folder.mkdir(parents=True, exist_ok=True)
+            _atomic_write(self.folder / "meta.json", json.dumps(self.key, indent=1, sort_keys=True,
+                                                                default=str).encode())
+
+    def _entry_files(self) -> list[Path]:
+        return sorted(p for p in self.folder.glob("e-*.json")) if self.folder.is_dir() else []
+
+    def load(self) -> dict[int, Any]:
+        out: dict[int, Any] = {}
+        for path in self._entry_files():
+            try:
+                body = json.loads(path.read_text())
+                entries = body["entries"]
+                ok = body.get("sha256") == digest(entries, 64)
+            except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError):
+                ok = False
+            if not ok:
+                if not self.recompute_corrupt:
+                    raise StoreError(f"result store entry {path} is corrupt (bad JSON or checksum); delete it or "
+                                     "pass --recompute-corrupt to recompute its entries")
+                warnings.warn(f"result store entry {path} is corrupt; moved aside and recomputed")
+                path.rename(path.with_suffix(".corrupt"))
+                continue
+            for k, v in entries.items():
+                out.setdefault(int(k), v)
+        return out
+
+    def put(self, entries: dict[int, Any], tag: str = "") -> Path:
+        """Write entries atomically as one file (call from one process: rank 0)."""
+        self._ensure()
+        idx = sorted(entries)
+        body = {str(i): entries[i] for i in idx}
+        name = f"e-{idx[0]:07d}-{idx[-1]:07d}{('-' + tag) if tag else ''}.json"
+        path = self.folder / name
+        _atomic_write(path, json.dumps({"entries": body, "sha256": digest(body, 64)}).encode())
+        return path
+
+
+class ResultStore:
+    def __init__(self, root: str | Path, recompute_corrupt: bool = False) -> None:
+        self.root = Path(root)
+        self.recompute_corrupt = recompute_corrupt
+
+    def namespace(self, kind: str, key: dict[str, Any]) -> Namespace:
+        full = {"kind": kind, **key}
+        return Namespace(self.root / kind / digest(full), full, self.recompute_corrupt)
+
+    def merge(self, other: str | Path) -> int:
+        """Copy the entry files of another store (a shard computed elsewhere) into this one; returns files copied.
+        Folders are matched by key hash, so entries of different keys never mix."""
+        other = Path(other)
+        if not other.is_dir():
+            raise UserError(f"result store {other} does not exist")
+        copied = 0
+        for meta in other.glob("*/*/meta.json"):
+            rel = meta.parent.relative_to(other)
+            dest = self.root / rel
+            Namespace(dest, json.loads(meta.read_text()))  # refuses a folder of another key
+            dest.mkdir(parents=True, exist_ok=True)
+            if not (dest / "meta.json").is_file():
+                shutil.copy2(meta, dest / "meta.json")
+            for src in meta.parent.glob("e-*.json"):
+                target = dest / src.name
+                if not target.exists():
+                    shutil.copy2(src, target)
+                    copied += 1
+        return copied
+
+
+def fill(namespace: Namespace | None, indices: Iterable[int], compute, chunk: int, tag: str = "") -> dict[int, Any]:
+    """Values for `indices`: read from the store, the rest computed `chunk` indices at a time by `compute(list)`
+    -> {index: value} across the ranks of a distributed run, each chunk written as soon as it is done.
+
+    Chunks are fixed by index (not by what is missing or by the world size), so a chunk is always computed with
+    the same batch composition: 1 process and N processes, fresh or resumed, give the same numbers."""
+    from orthorank import distributed as dist
+
+    indices = list(indices)
+    done = dist.broadcast(namespace.load() if namespace is not None and dist.is_main() else {})
+    chunks = [indices[i:i + chunk] for i in range(0, len(indices), chunk)]
+    todo = [c for c in chunks if not all(i in done for i in c)]
+    n = dist.world_size()
+    for start in range(0, len(todo), n):
+        group = todo[start:start + n]
+        mine = group[dist.rank()] if dist.rank() < len(group) else []
+        result = compute(mine) if mine else {}
+        for part in dist.all_gather(result):
+            if part:
+                done.update(part)
+                if namespace is not None and dist.is_main():
+                    namespace.put(part, tag)
+    return {i: done[i] for i in indices}
