@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 
 import torch
@@ -10,7 +11,9 @@ import torch
 from orthorank.baselines.calibration import calibration_windows
 from orthorank.baselines.registry import SEARCH_METHODS, get_search
 from orthorank.baselines.search import StackRunner
-from orthorank.cli.common import add_model_args, add_selection_args, load_from_args, positive_int, selection_from_args
+from orthorank.cli.common import (
+    add_model_args, add_selection_args, finite_float, load_from_args, positive_int, selection_from_args,
+)
 from orthorank.errors import UserError
 from orthorank.evaluation.data import load_calibration_text
 from orthorank.method.apply import restore_dense
@@ -22,7 +25,7 @@ from orthorank.results import check_writable
 # Default calibration: chosen from the calibration-spread study (benchmarks/calibration_spread.py, README).
 DEFAULT_CALIB_SAMPLES = 4
 DEFAULT_CALIB_SEQ_LEN = 2048
-DEFAULT_SCREEN_BATCHES = 1
+DEFAULT_SCREEN_FRACTION = 0.25
 
 
 def parse_sparsities(text: str) -> list[float]:
@@ -56,9 +59,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "least pruning's) or nominal (the paper's round(s L / (1 - r)))")
     p.add_argument("--cost-seq-len", type=positive_int, default=DEFAULT_COST_SEQ_LEN,
                    help="sequence length at which compute sparsity is counted (the evaluation length)")
-    p.add_argument("--screen-batches", type=positive_int, default=DEFAULT_SCREEN_BATCHES,
-                   help="greedy searches score every candidate on this many calibration batches first and re-check "
-                        "the --recheck best on all of them (default %(default)s; 0 or >= batches = exhaustive)")
+    p.add_argument("--screen-fraction", type=finite_float, default=DEFAULT_SCREEN_FRACTION,
+                   help="greedy searches score every candidate on this share of the calibration batches first and "
+                        "re-check the --recheck best on all of them (default %(default)s; 1 = exhaustive)")
     p.add_argument("--exhaustive", action="store_true", help="score every candidate on every calibration batch")
     p.add_argument("--recheck", type=positive_int, default=3)
     out = p.add_mutually_exclusive_group(required=True)
@@ -95,7 +98,10 @@ def run(args) -> int:
     counts = [search.layer_count(s, L, selection.ratio, args.match, arch, args.cost_seq_len) for s in sparsities]
     windows = calibration_windows(lm.tokenizer, text, args.calib_samples, args.seq_len, args.seed)
     runner = StackRunner(lm.model, windows, args.batch_size)
-    screen = None if args.exhaustive or args.screen_batches >= len(runner.batches) else args.screen_batches
+    if not 0.0 < args.screen_fraction <= 1.0:
+        raise UserError(f"--screen-fraction must be in (0, 1], got {args.screen_fraction}")
+    screen = max(1, math.ceil(args.screen_fraction * len(runner.batches) - 1e-9))
+    screen = None if args.exhaustive or screen >= len(runner.batches) else screen
     say = print if dist.is_main() else (lambda *a, **k: None)
     say(f"{args.method}: {max(counts)} greedy steps over {L} layers, calibration {args.calib_samples} x "
         f"{args.seq_len} tokens from {args.calib_data} (seed {args.seed}), "
