@@ -76,6 +76,29 @@ def test_layer_counts_for_sparsity():
     assert layers_for_sparsity(0.2, 32, "prune") == 7  # ceil(6.4)
 
 
+@pytest.mark.parametrize("method", ["orthorank", "sleb"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_fast_search_equals_exhaustive_on_tiny_models(method, seed):
+    """Screening candidates on a quarter of the calibration windows and re-checking the best 3 on all gives the
+    exhaustive greedy plan on the tiny test models."""
+    m = tiny_model(layers=8, seed=seed)
+    windows = torch.randint(1, 128, (8, 32), generator=torch.Generator().manual_seed(seed))
+    sel = SelectionConfig(ratio=0.33)
+    search = SEARCH_METHODS[method]
+    full = search.run(StackRunner(m, windows, 1), 4, sel, False)
+    fast = search.run(StackRunner(m, windows, 1), 4, sel, False, screen_batches=2, recheck=3)
+    assert fast.order == full.order
+    assert fast.losses == pytest.approx(full.losses, rel=1e-6)
+
+
+def test_search_runner_is_causal_under_eager_attention():
+    """The runner gives eager attention the causal mask (SDPA is causal by itself when given none)."""
+    windows = torch.randint(1, 128, (2, 24), generator=torch.Generator().manual_seed(0))
+    for attn in ("sdpa", "eager"):
+        m = tiny_model(layers=4, attn=attn)
+        assert math.isclose(StackRunner(m, windows).cache({}), full_loss(m, windows), rel_tol=1e-5)
+
+
 @pytest.mark.data
 def test_calibrate_and_compare_cli(tiny_hf_folder, tmp_path, monkeypatch, capsys):
     text = tmp_path / "calib.txt"
@@ -85,26 +108,39 @@ def test_calibrate_and_compare_cli(tiny_hf_folder, tmp_path, monkeypatch, capsys
     for method in SEARCH_METHODS:
         code = main(["calibrate", "--model", str(tiny_hf_folder), "--method", method, "--sparsity", "0.2,0.3",
                      "--calib-data", str(text), "--calib-samples", "4", "--seq-len", "32",
-                     "--out-dir", f"plans/{name}"])
+                     "--out-dir", f"plans/{name}", "--match", "nominal" if method == "orthorank" else "compute"])
         assert code == 0, capsys.readouterr().err
-    plan = json.loads((tmp_path / "plans" / name / "orthorank-0.3.json").read_text())
+    plan = json.loads((tmp_path / "plans" / name / "orthorank-nominal-0.3.json").read_text())
     assert plan["method"] == "orthorank" and len(plan["layers"]) == round(0.3 * 4 / 0.67)
-    assert plan["provenance"]["search_seconds"] >= 0
+    assert plan["provenance"]["search_seconds"] >= 0 and plan["provenance"]["match"] == "nominal"
+    assert set(plan["sparsity"]) == {"nominal", "compute", "compute_seq_len", "measured_speedup"}
     # refuses to overwrite without asking
     assert main(["calibrate", "--model", str(tiny_hf_folder), "--method", "sleb", "--sparsity", "0.2",
                  "--calib-data", str(text), "-o", f"plans/{name}/sleb-0.2.json"]) == 2
     capsys.readouterr()
     code = main(["compare", "--model", str(tiny_hf_folder), "--methods", "dense,sleb,shortgpt,orthorank",
-                 "--sparsity", "0.2,0.3", "--datasets", "wikitext2", "--seq-len", "64", "--max-windows", "2",
-                 "--ablations", "--out", "out"])
+                 "--match", "nominal", "--sparsity", "0.2,0.3", "--datasets", "wikitext2", "--seq-len", "64",
+                 "--max-windows", "3", "--ablations", "--out", "out", "--store", "store"])
     out = capsys.readouterr().out
     assert code == 0
-    assert "| orthorank (random) | 0.3 |" in out and "| sleb | 0.2 |" in out
+    assert "| orthorank-nominal (random) | 0.3 |" in out and "| sleb | 0.2 |" in out and "[95% CI]" in out
     result = json.loads((tmp_path / "out" / "compare.json").read_text())
-    assert len(result["rows"]) == 1 + 2 + 2 + 2 + 2 * 4
+    assert len(result["rows"]) == 1 + 2 + 2 + 2 + 2 * 5
+    row = result["rows"][-1]
+    assert len(row["wikitext2"]["window_nll"]) == 3 and row["wikitext2"]["ci95"][0] <= row["wikitext2"]["perplexity"]
+    assert {c["b"] for c in result["comparisons"] if c["a"] == "orthorank-nominal"} == {"sleb", "shortgpt"}
     assert (tmp_path / "out" / "compare.png").stat().st_size > 1000
     assert main(["compare", "--model", str(tiny_hf_folder), "--methods", "dense", "--datasets", "wikitext2",
                  "--out", "out"]) == 2  # would overwrite
+    # a second run reads every window back from the store and gives the same numbers
+    capsys.readouterr()
+    stored = sorted(p.name for p in (tmp_path / "store").rglob("e-*.json"))
+    assert main(["compare", "--model", str(tiny_hf_folder), "--methods", "dense,sleb,shortgpt,orthorank",
+                 "--match", "nominal", "--sparsity", "0.2,0.3", "--datasets", "wikitext2", "--seq-len", "64",
+                 "--max-windows", "3", "--ablations", "--out", "out2", "--store", "store"]) == 0
+    assert sorted(p.name for p in (tmp_path / "store").rglob("e-*.json")) == stored
+    again = json.loads((tmp_path / "out2" / "compare.json").read_text())
+    assert [r["wikitext2"] for r in again["rows"]] == [r["wikitext2"] for r in result["rows"]]
 
 
 @pytest.mark.data
@@ -127,9 +163,10 @@ def test_compare_with_zeroshot(tiny_hf_folder, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     code = main(["compare", "--model", str(tiny_hf_folder), "--methods", "dense", "--datasets", "wikitext2",
                  "--seq-len", "64", "--max-windows", "1", "--zeroshot", "--tasks", "piqa,arc_easy", "--limit", "3",
-                 "--out", "zs"])
+                 "--out", "zs", "--no-store"])
     out = capsys.readouterr().out
     assert code == 0, out
     assert "| dense |" in out and "PIQA" in out and "Mean" in out
     result = json.loads((tmp_path / "zs" / "compare.json").read_text())
-    assert result["zeroshot"][0]["method"] == "dense" and "acc" in result["zeroshot"][0]["piqa"]
+    zs = result["zeroshot"]["rows"][0]
+    assert zs["method"] == "dense" and len(zs["piqa"]["outcomes"]) == 3 and "stderr" in zs["piqa"]

@@ -197,8 +197,9 @@ def fill(namespace: Namespace | None, indices: Iterable[int], compute, chunk: in
         mine = group[dist.rank()] if dist.rank() < len(group) else []
         result = compute(mine) if mine else {}
         for part in dist.all_gather(result):
-            if part:
-                done.update(part)
+            new = {i: v for i, v in (part or {}).items() if i not in done}  # stored values stay as they were
+            if new:
+                done.update(new)
                 if namespace is not None and dist.is_main():
-                    namespace.put(part, tag)
+                    namespace.put(new, tag)
     return {i: done[i] for i in indices}

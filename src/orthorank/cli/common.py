@@ -64,6 +64,21 @@ def add_output_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace existing output files")
 
 
+def add_store_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--store", default="results/store",
+                   help="result store folder: finished windows and items are kept here and reused (default "
+                        "%(default)s)")
+    p.add_argument("--no-store", action="store_true", help="compute everything, keep nothing")
+    p.add_argument("--recompute-corrupt", action="store_true",
+                   help="set aside corrupt store entries and recompute them (default: stop with an error)")
+
+
+def store_from_args(args):
+    from orthorank.store import ResultStore
+
+    return None if args.no_store else ResultStore(args.store, recompute_corrupt=args.recompute_corrupt)
+
+
 def selection_from_args(args, base: SelectionConfig | None = None) -> SelectionConfig:
     base = base or SelectionConfig()
     return SelectionConfig(

@@ -1,4 +1,6 @@
-"""`orthorank compare`: dense vs layer pruning vs OrthoRank at equal sparsity, as a table, JSON and a plot."""
+"""`orthorank compare`: dense vs layer pruning vs OrthoRank at compute-matched sparsity, with intervals, as tables,
+JSON and a plot. Resumable through the result store; `torchrun --nproc-per-node N orthorank compare ...` splits the
+windows and items across processes."""
 
 from __future__ import annotations
 
@@ -6,15 +8,21 @@ import argparse
 import time
 from pathlib import Path
 
+import numpy as np
+
+from orthorank import distributed as dist
 from orthorank.baselines.registry import SEARCH_METHODS
 from orthorank.cli.calibrate import parse_sparsities
-from orthorank.cli.common import add_model_args, load_from_args, positive_int
+from orthorank.cli.common import add_model_args, add_store_args, load_from_args, positive_int, store_from_args
 from orthorank.errors import UserError
-from orthorank.evaluation.compare import Row, ablation_plans, evaluate_rows, markdown_table, plot_ppl
+from orthorank.evaluation.compare import (
+    Row, ablation_plans, comparison_table, comparisons, evaluate_rows, markdown_table, measure_speedups, plot_ppl,
+)
 from orthorank.evaluation.data import DATASETS, load_eval_text
-from orthorank.evaluation.perplexity import make_windows, tokenize_text
-from orthorank.method.plan import Plan
-from orthorank.method.plan_store import find_plan
+from orthorank.evaluation.perplexity import eval_stream, make_windows
+from orthorank.method.cost import Arch
+from orthorank.method.plan import MATCH_RULES, Plan
+from orthorank.method.plan_store import find_plan, plan_file_method
 from orthorank.results import check_writable, write_json
 
 METHODS = ("dense", *SEARCH_METHODS)
@@ -23,7 +31,9 @@ METHODS = ("dense", *SEARCH_METHODS)
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("compare", help="perplexity table of dense, layer pruning and OrthoRank at equal sparsity",
                        description="Evaluates the stored plans (plans/<model>/<method>-<sparsity>.json, made by "
-                                   "`orthorank calibrate`) on the same windows, in one run.")
+                                   "`orthorank calibrate`) on the same windows, in one run, with bootstrap "
+                                   "intervals and paired ratios. Finished windows are kept in the result store "
+                                   "(--store), so an interrupted run resumes where it stopped.")
     add_model_args(p)
     p.add_argument("--methods", default="dense,sleb,shortened-ppl,shortgpt,orthorank",
                    help=f"comma-separated, from {', '.join(METHODS)}")
@@ -33,11 +43,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seq-len", type=positive_int, default=2048)
     p.add_argument("--max-windows", type=positive_int, default=None, help="bound the windows per dataset")
     p.add_argument("--batch-size", type=positive_int, default=1)
+    p.add_argument("--match", choices=MATCH_RULES, default="compute",
+                   help="which OrthoRank plans: compute-matched to pruning (default, orthorank-<s>.json) or the "
+                        "paper's nominal rule (orthorank-nominal-<s>.json)")
     p.add_argument("--ablations", action="store_true",
-                   help="add OrthoRank with random/inverse selection, raw states and no K/V for bypassed tokens")
-    p.add_argument("--zeroshot", action="store_true", help="add a zero-shot accuracy table (lm-eval)")
+                   help="add OrthoRank with random/inverse selection, raw states and no K/V for bypassed tokens "
+                        "(sink hidden, and sink visible)")
+    p.add_argument("--ablation-levels", default=None, help="levels that get ablation rows (default: all)")
+    p.add_argument("--measure-speed", type=int, default=0, metavar="N",
+                   help="also time one prefill window per row, N interleaved repeats, for the measured speed-up")
+    p.add_argument("--no-ppl", action="store_true", help="skip perplexity (zero-shot only)")
+    p.add_argument("--zeroshot", action="store_true", help="add zero-shot accuracy tables (harness tasks)")
     p.add_argument("--tasks", default="piqa,winogrande,hellaswag,arc_easy,arc_challenge")
     p.add_argument("--limit", type=positive_int, default=None, help="zero-shot examples per task")
+    p.add_argument("--zeroshot-batch-size", type=positive_int, default=16)
+    add_store_args(p)
     p.add_argument("--out", default="results/compare", help="folder for compare.json, compare.md, compare.png")
     p.add_argument("--overwrite", action="store_true")
     p.set_defaults(func=run)
@@ -51,61 +71,109 @@ def _split(text: str, allowed, what: str) -> list[str]:
     return items
 
 
-def build_rows(lm, methods: list[str], sparsities: list[float], ablations: bool) -> list[Row]:
+def build_rows(lm, methods: list[str], sparsities: list[float], ablations: bool, match: str = "compute",
+               ablation_levels: list[float] | None = None) -> list[Row]:
     rows: list[Row] = []
     for method in methods:
         if method == "dense":
             rows.append(Row("dense", 0.0, Plan("dense", [], lm.name, lm.signature())))
             continue
+        label = plan_file_method(method, match)
         for s in sparsities:
-            plan = Plan.load(find_plan(lm.name, method, s))
+            plan = Plan.load(find_plan(lm.name, label, s))
             plan.check_model(lm.name, lm.signature())
-            rows.append(Row(method, s, plan))
-            if ablations and method == "orthorank":
-                rows += [Row(name, s, variant) for name, variant in ablation_plans(plan)]
+            rows.append(Row(label, s, plan))
+            if ablations and method == "orthorank" and (ablation_levels is None or s in ablation_levels):
+                rows += [Row(name.replace("orthorank", label, 1), s, variant) for name, variant in ablation_plans(plan)]
     return rows
 
 
 def run(args) -> int:
     methods = _split(args.methods, METHODS, "method")
-    datasets = _split(args.datasets, DATASETS, "dataset")
+    datasets = [] if args.no_ppl else _split(args.datasets, DATASETS, "dataset")
     sparsities = parse_sparsities(args.sparsity)
+    ablation_levels = parse_sparsities(args.ablation_levels) if args.ablation_levels else None
+    tasks: list[str] = []
+    if args.zeroshot:
+        from orthorank.evaluation.zeroshot.convert import resolve_data_dir
+        from orthorank.evaluation.zeroshot.registry import check_task_files, resolve_tasks
+        from orthorank.evaluation.zeroshot.runner import require_lm_eval
+
+        require_lm_eval()
+        tasks = resolve_tasks(args.tasks)
+        check_task_files(tasks, resolve_data_dir(args.data_dir))
+    elif args.no_ppl:
+        raise UserError("--no-ppl leaves nothing to do without --zeroshot")
     out = Path(args.out)
     for name in ("compare.json", "compare.md", "compare.png"):
         check_writable(out / name, args.overwrite)
     texts = {d: load_eval_text(d, args.data_dir) for d in datasets}
+    dist.init(args.device)
+    args.device = dist.local_device(args.device)
     lm = load_from_args(args)
     if lm.tokenizer is None:
         raise UserError("compare needs a real model with a tokenizer")
-    rows = build_rows(lm, methods, sparsities, args.ablations)
-    windows = {d: make_windows(tokenize_text(lm.tokenizer, t), args.seq_len, args.max_windows) for d, t in texts.items()}
-    start = time.perf_counter()
-    evaluate_rows(lm.model, rows, windows, args.batch_size)
-    seconds = time.perf_counter() - start
+    rows = build_rows(lm, methods, sparsities, args.ablations, args.match, ablation_levels)
+    store = store_from_args(args)
+    arch = Arch.from_config(lm.config, lm.num_layers)
+    streams = {d: eval_stream(lm.tokenizer, d, t, args.seq_len) for d, t in texts.items()}
+    windows = {d: make_windows(s, args.seq_len, args.max_windows) for d, s in streams.items()}
+    say = print if dist.is_main() else (lambda *a, **k: None)
+    from orthorank.store import model_fingerprint
 
-    table = markdown_table(rows, datasets)
+    fp = model_fingerprint(lm.model)
+    start = time.perf_counter()
+    if args.measure_speed:
+        first = next(iter(windows.values()))[0] if windows else None
+        if first is None:
+            raise UserError("--measure-speed needs a perplexity dataset to time")
+        dense_s = measure_speedups(lm.model, [r for r in rows if r.method != "dense"], first, args.measure_speed)
+        say(f"measured prefill of 1 x {args.seq_len} tokens: dense {dense_s:.3f}s (median of {args.measure_speed})")
+    evaluate_rows(lm.model, rows, windows, streams, store, args.batch_size, progress=True, fingerprint=fp)
+    zs = None
+    if tasks:
+        from orthorank.evaluation.zeroshot.scoring import evaluate_zeroshot_rows
+
+        zs = evaluate_zeroshot_rows(lm, rows, tasks, args.limit, args.data_dir, store, args.zeroshot_batch_size,
+                                    fingerprint=fp)
+    seconds = time.perf_counter() - start
+    if not dist.is_main():
+        return 0
+
     n_windows = ", ".join(f"{d}: {w.shape[0]} x {args.seq_len}" for d, w in windows.items())
-    report = [f"Perplexity (lower is better), {lm.name}, windows {n_windows}\n", table]
+    comps = comparisons(rows)
+    report = []
+    if datasets:
+        full = {d: make_windows(s, args.seq_len).shape[0] for d, s in streams.items()}
+        sliced = [d for d in datasets if windows[d].shape[0] < full[d]]
+        caption = (f"Perplexity (lower is better), {lm.name}, {str(lm.model.dtype).removeprefix('torch.')}, windows "
+                   f"{n_windows}" + (f" (a slice: the first windows of {', '.join(f'{d} ({full[d]} in all)' for d in sliced)})"
+                                     if sliced else " (every window)")
+                   + ". 95% bootstrap intervals over windows. Sparsity: nominal = the paper's (n/L)(1-r); compute = "
+                   f"share of the model's FLOPs skipped at {args.seq_len} tokens; measured = prefill speed-up.")
+        report += [caption + "\n", markdown_table(rows, datasets, arch, args.seq_len), "",
+                   "Paired perplexity ratios on the same windows (row / reference; below 1 = the row is better; "
+                   "** = the 95% interval excludes 1)\n", comparison_table(comps, datasets)]
     payload = {"command": "compare", "model": lm.name, "datasets": datasets, "seq_len": args.seq_len,
                "windows": {d: int(w.shape[0]) for d, w in windows.items()}, "seed": args.seed,
-               "rows": [r.to_dict() for r in rows], "plans": [r.plan.to_dict() for r in rows],
-               "seconds": round(seconds, 1)}
-    if args.zeroshot:
-        from orthorank.evaluation.zeroshot.runner import format_table, run_zeroshot
+               "dtype": str(lm.model.dtype), "match": args.match, "world_size": dist.world_size(),
+               "arch": dict(arch.__dict__),
+               "rows": [r.to_dict(arch, args.seq_len) for r in rows], "comparisons": [c.to_dict() for c in comps],
+               "plans": [r.plan.to_dict() for r in rows], "seconds": round(seconds, 1)}
+    if zs is not None:
+        from orthorank.evaluation.zeroshot.scoring import zeroshot_report
 
-        tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
-        zs: dict[str, dict] = {}
-        for row in rows:
-            label = row.method if row.method == "dense" else f"{row.method} {row.sparsity:g}"
-            zs[label] = run_zeroshot(lm, row.plan, tasks, args.limit, args.data_dir)
-        report += ["", f"Zero-shot (limit {args.limit or 'all'} examples per task)\n",
-                   format_table(zs, tasks, metric="acc"), format_table(zs, tasks, metric="acc_norm")]
-        payload["zeroshot"] = [{"method": label, **{t: v for t, v in res.items()}} for label, res in zs.items()]
+        text, data = zeroshot_report(zs, rows, tasks, args.limit)
+        report += ["", text]
+        payload["zeroshot"] = data
     text = "\n".join(report)
     print(text)
     out.mkdir(parents=True, exist_ok=True)
     (out / "compare.md").write_text(text + "\n")
     write_json(out / "compare.json", payload, device=lm.device, overwrite=True)
-    plot = plot_ppl(rows, datasets, out / "compare.png")
-    print(f"\nwrote {out / 'compare.md'}, {out / 'compare.json'}; plot: {plot}  ({seconds:.0f}s of evaluation)")
+    msg = f"\nwrote {out / 'compare.md'}, {out / 'compare.json'}"
+    if datasets:
+        plot = plot_ppl(rows, datasets, out / "compare.png", arch, args.seq_len)
+        msg += f"; plot: {plot}"
+    print(msg + f"  ({seconds:.0f}s of evaluation, {dist.world_size()} process(es))")
     return 0

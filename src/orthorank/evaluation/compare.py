@@ -1,4 +1,5 @@
-"""The paper's Table 1 as one run: perplexity of dense, layer pruning and OrthoRank at equal sparsity."""
+"""The paper's Table 1 as one run: perplexity of dense, layer pruning and OrthoRank, compared at compute sparsity,
+with bootstrap intervals over windows and paired ratios between rows on the same windows."""
 
 from __future__ import annotations
 
@@ -8,36 +9,58 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
-from orthorank.evaluation.perplexity import perplexity
+from orthorank.evaluation.stats import Interval, paired_perplexity_ratio, perplexity_interval
 from orthorank.method.apply import apply_plan, restore_dense
+from orthorank.method.cost import Arch
 from orthorank.method.plan import Plan
 
-# Ablations of the paper, applied on the OrthoRank plan's own layers.
+# Ablations of the paper, applied on the OrthoRank plan's own layers. The paper does not say whether the sink's
+# keys/values stay visible when bypassed tokens give none, so both variants are run.
 ABLATIONS: dict[str, dict[str, Any]] = {
     "random": {"order": "random"},
     "inverse": {"order": "inverse"},
     "raw": {"source": "raw"},
     "no-kv": {"bypass_kv": False},
+    "no-kv, sink visible": {"bypass_kv": False, "sink_kv_visible": True},
 }
+PRUNING = ("sleb", "shortened-ppl", "shortgpt")
 
 
 @dataclass
 class Row:
-    method: str
-    sparsity: float  # nominal
+    method: str  # table label: dense, sleb, ..., orthorank, "orthorank (random)"
+    level: float  # the sparsity level asked for (0 for dense)
     plan: Plan
-    values: dict[str, float] = field(default_factory=dict)  # dataset or task -> number
+    nll: dict[str, np.ndarray] = field(default_factory=dict)  # dataset -> summed NLL per window
+    tokens: dict[str, int] = field(default_factory=dict)  # dataset -> predicted tokens per window
+    measured_speedup: float | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "method": self.method,
-            "sparsity": self.sparsity,
-            "effective_sparsity": round(self.plan.effective_sparsity, 4),
-            "layers": self.plan.layers,
-            **self.values,
-        }
+    @property
+    def family(self) -> str:
+        return self.method.split(" (")[0]
+
+    @property
+    def ablation(self) -> str | None:
+        return self.method[len(self.family) + 2:-1] if "(" in self.method else None
+
+    def interval(self, dataset: str) -> Interval:
+        return perplexity_interval(self.nll[dataset], self.tokens[dataset])
+
+    def sparsity(self, arch: Arch, seq_len: int) -> dict[str, Any]:
+        return self.plan.sparsity(arch, seq_len, self.measured_speedup)
+
+    def to_dict(self, arch: Arch, seq_len: int) -> dict[str, Any]:
+        out: dict[str, Any] = {"method": self.method, "level": self.level, "layers": self.plan.layers,
+                               "sparsity": self.sparsity(arch, seq_len)}
+        for d in self.nll:
+            ci = self.interval(d)
+            out[d] = {"perplexity": round(ci.value, 6), "ci95": [round(ci.low, 6), round(ci.high, 6)],
+                      "windows": int(self.nll[d].size), "tokens_per_window": self.tokens[d],
+                      "window_nll": [round(float(v), 6) for v in self.nll[d]]}
+        return out
 
 
 def ablation_plans(plan: Plan) -> list[tuple[str, Plan]]:
@@ -49,63 +72,172 @@ def ablation_plans(plan: Plan) -> list[tuple[str, Plan]]:
     return out
 
 
-def evaluate_rows(model, rows: list[Row], windows: dict[str, torch.Tensor], batch_size: int = 1,
-                  progress: bool = True) -> None:
+def evaluate_rows(model, rows: list[Row], windows: dict[str, torch.Tensor], streams: dict[str, torch.Tensor],
+                  store=None, batch_size: int = 1, progress: bool = True, fingerprint: str | None = None) -> None:
+    """Per-window NLL of every row on every dataset, through the result store when one is given."""
+    from orthorank.evaluation.perplexity import perplexity_key, stored_window_nll
+    from orthorank.store import model_fingerprint
+
+    fp = fingerprint or model_fingerprint(model)
     for row in rows:
         apply_plan(model, row.plan)
-        for name, w in windows.items():
-            row.values[name] = perplexity(model, w, batch_size, progress, desc=f"{row.method}@{row.sparsity:g} {name}"
-                                          ).perplexity
-        restore_dense(model)
+        try:
+            for name, w in windows.items():
+                ns = None
+                if store is not None:  # keyed by the dense weights' fingerprint and the plan's content
+                    ns = store.namespace("perplexity", perplexity_key(model, row.plan, name, streams[name],
+                                                                      w.shape[1], fp))
+                label = row.method if row.method == "dense" else f"{row.method}@{row.level:g}"
+                row.nll[name] = stored_window_nll(model, w, ns, batch_size, progress, desc=f"{label} {name}").numpy()
+                row.tokens[name] = int(w.shape[1] - 1)
+        finally:
+            restore_dense(model)
+
+
+@torch.no_grad()
+def measure_speedups(model, rows: list[Row], window: torch.Tensor, repeats: int = 3) -> float:
+    """Prefill time of one window under every row's plan, the rows interleaved `repeats` times so that load on the
+    machine hits them alike; sets each row's measured speed-up over dense (median over repeats). Returns the dense
+    median in seconds."""
+    import time
+
+    plans = [Plan("dense", [], rows[0].plan.model, rows[0].plan.signature)] + [r.plan for r in rows]
+    times: list[list[float]] = [[] for _ in plans]
+    batch = window.view(1, -1).to(next(model.parameters()).device)
+    for rep in range(repeats + 1):  # the first round warms up
+        for i, plan in enumerate(plans):
+            apply_plan(model, plan)
+            start = time.perf_counter()
+            model(batch, use_cache=False)
+            if rep:
+                times[i].append(time.perf_counter() - start)
+            restore_dense(model)
+    med = [float(np.median(t)) for t in times]
+    for row, m in zip(rows, med[1:]):
+        row.measured_speedup = round(med[0] / m, 4)
+    return med[0]
+
+
+@dataclass
+class Comparison:
+    a: Row
+    b: Row
+    dataset: str
+    ratio: Interval  # ppl(a) / ppl(b), paired over the same windows
+
+    @property
+    def verdict(self) -> str:
+        if self.ratio.high < 1.0:
+            return "lower"
+        if self.ratio.low > 1.0:
+            return "higher"
+        return "no difference"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"a": self.a.method, "a_level": self.a.level, "b": self.b.method, "b_level": self.b.level,
+                "dataset": self.dataset, "ratio": round(self.ratio.value, 6),
+                "ci95": [round(self.ratio.low, 6), round(self.ratio.high, 6)], "a_perplexity_is": self.verdict}
+
+
+def reference_rows(row: Row, rows: list[Row]) -> list[Row]:
+    """What a row is compared with: OrthoRank with every pruning method at its level; an ablation with OrthoRank at
+    its level; a pruning method with dense."""
+    if row.method == "dense":
+        return []
+    if row.ablation is not None:
+        return [r for r in rows if r.method == row.family and r.level == row.level]
+    if row.family.startswith("orthorank"):
+        return [r for r in rows if r.method in PRUNING and r.level == row.level]
+    return [r for r in rows if r.method == "dense"]
+
+
+def comparisons(rows: list[Row]) -> list[Comparison]:
+    out = []
+    for row in rows:
+        for ref in reference_rows(row, rows):
+            for d in row.nll:
+                if d in ref.nll and ref.nll[d].shape == row.nll[d].shape:
+                    ratio = paired_perplexity_ratio(row.nll[d], ref.nll[d], row.tokens[d])
+                    out.append(Comparison(row, ref, d, ratio))
+    return out
+
+
+def _ci(ci: Interval) -> str:
+    return f"{ci.value:.2f} [{ci.low:.2f}, {ci.high:.2f}]"
+
+
+def markdown_table(rows: list[Row], datasets: list[str], arch: Arch, seq_len: int) -> str:
+    head = ["method", "level", "layers", "nominal", "compute", "measured", *[f"{d} ppl [95% CI]" for d in datasets]]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    for r in rows:
+        s = r.sparsity(arch, seq_len)
+        measured = f"{s['measured_speedup']:.3f}x" if s["measured_speedup"] else "-"
+        cells = [r.method, f"{r.level:g}", str(len(r.plan.layers)), f"{s['nominal']:.3f}", f"{s['compute']:.3f}",
+                 measured, *[_ci(r.interval(d)) if d in r.nll else "-" for d in datasets]]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def comparison_table(comps: list[Comparison], datasets: list[str]) -> str:
+    """Paired ratios ppl(row) / ppl(reference); ** marks an interval that excludes 1 (a difference the windows
+    support), in either direction."""
+    pairs: dict[tuple[str, float, str], dict[str, Comparison]] = {}
+    for c in comps:
+        pairs.setdefault((c.a.method, c.a.level, c.b.method), {})[c.dataset] = c
+    head = ["row", "level", "vs", *[f"{d} ratio [95% CI]" for d in datasets]]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    for (a, level, b), by_d in pairs.items():
+        cells = [a, f"{level:g}", b]
+        for d in datasets:
+            c = by_d.get(d)
+            if c is None:
+                cells.append("-")
+                continue
+            text = f"{c.ratio.value:.3f} [{c.ratio.low:.3f}, {c.ratio.high:.3f}]"
+            cells.append(f"**{text}**" if c.ratio.excludes(1.0) else text)
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot_ppl(rows: list[Row], datasets: list[str], path: Path, arch: Arch, seq_len: int) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(datasets), figsize=(5.8 * len(datasets), 4.4), squeeze=False)
+    for ax, ds in zip(axes[0], datasets):
+        dense = [r for r in rows if r.method == "dense" and ds in r.nll]
+        by_method: dict[str, list[Row]] = {}
+        for r in rows:
+            if r.method != "dense" and ds in r.nll:
+                by_method.setdefault(r.method, []).append(r)
+        for method, rs in by_method.items():
+            rs = sorted(rs, key=lambda r: r.sparsity(arch, seq_len)["compute"])
+            pts = ([(0.0, dense[0].interval(ds))] if dense else []) + [
+                (r.sparsity(arch, seq_len)["compute"], r.interval(ds)) for r in rs]
+            xs = [x for x, _ in pts]
+            ys = [ci.value for _, ci in pts]
+            err = [[ci.value - ci.low for _, ci in pts], [ci.high - ci.value for _, ci in pts]]
+            style = "--" if "(" in method else "-"
+            ax.errorbar(xs, ys, yerr=err, fmt=style, marker="o", capsize=3, label=method)
+        if dense:
+            ax.axhline(dense[0].interval(ds).value, color="grey", lw=0.8, ls=":", label="dense")
+        ax.set_yscale("log")
+        n = next(iter(r.nll[ds].size for r in rows if ds in r.nll))
+        ax.set_title(f"{ds}: perplexity vs compute sparsity ({n} windows)")
+        ax.set_xlabel(f"compute sparsity (share of FLOPs skipped at {seq_len} tokens)")
+        ax.set_ylabel("perplexity, 95% CI (log scale, lower is better)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
 
 
 def _fmt(v: Any) -> str:
     if isinstance(v, float):
         return "nan" if math.isnan(v) else f"{v:.2f}"
     return str(v)
-
-
-def markdown_table(rows: list[Row], columns: list[str], mean_label: str | None = None) -> str:
-    head = ["method", "sparsity", "effective", *columns] + ([mean_label] if mean_label else [])
-    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
-    for r in rows:
-        vals = [r.values.get(c, float("nan")) for c in columns]
-        cells = [r.method, f"{r.sparsity:g}", f"{r.plan.effective_sparsity:.3f}", *map(_fmt, vals)]
-        if mean_label:
-            cells.append(_fmt(sum(vals) / len(vals)) if vals else "")
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def plot_ppl(rows: list[Row], datasets: list[str], path: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(datasets), figsize=(5.5 * len(datasets), 4.2), squeeze=False)
-    for ax, ds in zip(axes[0], datasets):
-        dense = [r for r in rows if r.method == "dense"]
-        by_method: dict[str, list[Row]] = {}
-        for r in rows:
-            if r.method != "dense":
-                by_method.setdefault(r.method, []).append(r)
-        for method, rs in by_method.items():
-            rs = sorted(rs, key=lambda r: r.plan.effective_sparsity)
-            xs = [0.0] + [r.plan.effective_sparsity for r in rs] if dense else [r.plan.effective_sparsity for r in rs]
-            ys = ([dense[0].values[ds]] if dense else []) + [r.values[ds] for r in rs]
-            style = "--" if "(" in method else "-"
-            ax.plot(xs, ys, style, marker="o", label=method)
-        if dense:
-            ax.axhline(dense[0].values[ds], color="grey", lw=0.8, ls=":", label="dense")
-        ax.set_yscale("log")
-        ax.set_title(f"{ds} perplexity vs sparsity")
-        ax.set_xlabel("effective sparsity (skipped share of layer work)")
-        ax.set_ylabel("perplexity (log scale, lower is better)")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
