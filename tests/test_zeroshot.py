@@ -251,7 +251,7 @@ def test_backend_matches_harness_hf_backend_for_dense(tiny_hf_folder):
     assert ours.plan.method == "dense" and ours.batch_size == 3
 
 
-def test_orthorank_plan_runs_one_row_at_a_time(tiny_lm, caplog):
+def test_orthorank_plan_batches_with_a_mask_and_equals_batch_size_one(tiny_lm):
     from lm_eval.models.huggingface import HFLM
 
     from orthorank.evaluation.zeroshot.backend import OrthoRankLM
@@ -259,19 +259,21 @@ def test_orthorank_plan_runs_one_row_at_a_time(tiny_lm, caplog):
 
     dense = [lp for lp, _ in loglikelihoods(OrthoRankLM(tiny_lm, batch_size=4))]
     plan = Plan("orthorank", [1, 2], tiny_lm.name, tiny_lm.signature())
+    one = [lp for lp, _ in loglikelihoods(OrthoRankLM(tiny_lm, plan=plan, batch_size=1))]
     ours = OrthoRankLM(tiny_lm, plan=plan, batch_size=4)
-    assert ours.batch_size == 1
+    assert ours.batch_size == 4
     got = [lp for lp, _ in loglikelihoods(ours)]
-    assert max(abs(a - b) for a, b in zip(got, dense)) > 1e-3  # the plan is applied
-    # Why batch size 1: the harness right-pads rows and passes no attention mask, so in a batch OrthoRank would
-    # rank padding tokens too. Scoring the same plan through HFLM with batches shows the change.
+    assert max(abs(a - b) for a, b in zip(one, dense)) > 1e-3  # the plan is applied
+    assert got == pytest.approx(one, abs=1e-4)  # padding changes nothing
+    # Why the mask is needed: the harness alone right-pads rows and passes no mask, so OrthoRank would rank
+    # padding tokens too. Scoring the same plan through plain HFLM with batches shows the change.
     apply_plan(tiny_lm.model, plan)
     try:
         padded = [lp for lp, _ in loglikelihoods(HFLM(pretrained=tiny_lm.model, tokenizer=tiny_lm.tokenizer,
                                                       batch_size=6))]
     finally:
         restore_dense(tiny_lm.model)
-    assert max(abs(a - b) for a, b in zip(got, padded)) > 1e-4
+    assert max(abs(a - b) for a, b in zip(one, padded)) > 1e-4
 
 
 def test_pruned_plan_batches_without_changing_scores(tiny_lm):
@@ -305,7 +307,7 @@ def test_run_zeroshot_returns_harness_metrics_and_restores_dense(tiny_lm):
     assert set(res["winogrande"]) == {"acc", "acc_stderr"}
     assert {"acc", "perplexity"} <= set(res["lambada_openai"]) and res["lambada_openai"]["perplexity"] > 1
     assert all(0.0 <= r["acc"] <= 1.0 for r in res.values())
-    assert info["examples"] == {"winogrande": 3, "lambada_openai": 3} and info["batch_size"] == 1
+    assert info["examples"] == {"winogrande": 3, "lambada_openai": 3} and info["batch_size"] == 8
     assert all(type(layer).__name__ != "OrthoRankLayer" for layer in get_adapter(tiny_lm.model).layers(tiny_lm.model))
     with pytest.raises(UserError, match="limit"):
         run_zeroshot(tiny_lm, plan, ["piqa"], limit=0)
@@ -384,7 +386,7 @@ def test_cli_saved_plan_by_method_and_sparsity(capsys, tiny_hf_folder, tiny_lm, 
                              "--json", out_json)
     assert code == 0, err
     body = json.loads(out_json.read_text())
-    assert body["plan"]["layers"] == [1, 2] and body["batch_size"] == 1
+    assert body["plan"]["layers"] == [1, 2] and body["batch_size"] == 8
     assert_user_error(capsys, "run `orthorank calibrate` first", "zeroshot", "--model", tiny_hf_folder,
                       "--method", "sleb", "--sparsity", 0.1)
 
@@ -424,3 +426,31 @@ def test_embedded_model_limit_run_through_cli(capsys, tmp_path):
     body = json.loads(out_json.read_text())
     assert body["model"] == "smollm2-135m" and body["examples"] == {"winogrande": 4, "openbookqa": 4}
     assert all(0.0 <= body["results"][t]["acc"] <= 1.0 for t in ("winogrande", "openbookqa"))
+
+
+@needs_data
+def test_per_item_scorer_matches_the_harness_and_batches_exactly(tiny_lm):
+    """The per-item scorer gives the harness's own accuracy (dense), and for an OrthoRank plan the same
+    log-likelihoods at batch size 8 (right-padded with a mask) as at batch size 1."""
+    from orthorank.evaluation.compare import Row
+    from orthorank.evaluation.zeroshot.scoring import evaluate_zeroshot_rows, load_tasks, score_items
+    from orthorank.method.apply import apply_plan, restore_dense
+
+    dense = Plan("dense", [], tiny_lm.name, tiny_lm.signature())
+    ours = evaluate_zeroshot_rows(tiny_lm, [Row("dense", 0.0, dense)], ["piqa", "arc_easy"], 12, None, None,
+                                  batch_size=5, progress=False)[0]
+    harness = run_zeroshot(tiny_lm, dense, ["piqa", "arc_easy"], limit=12, batch_size=1)
+    for t in ("piqa", "arc_easy"):
+        assert ours[t]["acc"].mean() == pytest.approx(harness[t]["acc"])
+        assert ours[t]["acc_norm"].mean() == pytest.approx(harness[t]["acc_norm"])
+    items = load_tasks(["hellaswag"], 10, None)["hellaswag"]
+    plan = Plan("orthorank", [1, 2], tiny_lm.name, tiny_lm.signature())
+    apply_plan(tiny_lm.model, plan)
+    try:
+        one = score_items(tiny_lm.model, tiny_lm.tokenizer, items, items.doc_ids, batch_size=1)
+        eight = score_items(tiny_lm.model, tiny_lm.tokenizer, items, items.doc_ids, batch_size=8)
+    finally:
+        restore_dense(tiny_lm.model)
+    for d in items.doc_ids:
+        assert eight[d]["ll"] == pytest.approx(one[d]["ll"], abs=1e-4)
+        assert eight[d]["acc"] == one[d]["acc"] and eight[d]["acc_norm"] == one[d]["acc_norm"]

@@ -31,16 +31,9 @@ BACKEND_NAME = "orthorank"
 
 
 def effective_batch_size(plan: Plan, requested: int | str | None) -> int | str:
-    """HFLM right-pads the rows of a batch and calls the model without an attention mask. Causal attention keeps
-    padding out of real tokens' results for dense and layer-pruned models, so those may batch. OrthoRank selects
-    ceil(ratio * n) tokens of the n tokens a row holds, so padding tokens would count as tokens and change which
-    real tokens are updated: OrthoRank plans always run one sequence at a time (batch size 1), so the model never
-    sees a padding token."""
-    if plan.method == "orthorank":
-        if requested not in (None, 1, "1"):
-            log.warning("OrthoRank plans are evaluated with batch size 1 (padding would change token selection); "
-                        "ignoring batch_size=%s", requested)
-        return 1
+    """The batch size to give HFLM. OrthoRank plans batch too: HFLM right-pads rows and calls the model without an
+    attention mask, so OrthoRankLM records each row's length while HFLM pads (see `_loglikelihood_tokens`) and
+    passes the matching mask, so padding never counts towards a row's K or gets selected."""
     if requested is None:
         return 1
     if isinstance(requested, str) and not requested.startswith("auto"):
@@ -103,6 +96,50 @@ class OrthoRankLM(HFLM):
             batch_size=effective_batch_size(self.plan, batch_size),
             **kwargs,
         )
+
+        self._row_lengths: list[int] | None = None
+        self._join_data_parallel()
+
+    def _join_data_parallel(self) -> None:
+        """Under the harness's own data-parallel launch (`accelerate launch -m lm_eval` or torchrun), HFLM treats an
+        already-built model as single-process; take the rank and world size from accelerate so that requests are
+        split across processes and gathered on rank 0."""
+        import os
+
+        if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+            return
+        from accelerate import Accelerator
+
+        acc = Accelerator()
+        self.accelerator = acc
+        self._rank = acc.process_index
+        self._world_size = acc.num_processes
+
+    def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, override_bs=None):
+        import lm_eval.models.huggingface as hf
+
+        original = hf.pad_and_concat
+
+        def recording(max_length, tensors, padding_side="right"):
+            self._row_lengths = [int(t.shape[-1]) for t in tensors] if padding_side == "right" else None
+            return original(max_length, tensors, padding_side=padding_side)
+
+        hf.pad_and_concat = recording
+        try:
+            return super()._loglikelihood_tokens(requests, disable_tqdm=disable_tqdm, override_bs=override_bs)
+        finally:
+            hf.pad_and_concat = original
+            self._row_lengths = None
+
+    def _model_call(self, inps: torch.Tensor, attn_mask=None, labels=None) -> torch.Tensor:
+        lengths, self._row_lengths = self._row_lengths, None
+        if (self.plan.method == "orthorank" and attn_mask is None and lengths is not None
+                and len(lengths) == inps.shape[0] and min(lengths) < inps.shape[1]):
+            mask = (torch.arange(inps.shape[1], device=inps.device)[None, :]
+                    < torch.tensor(lengths, device=inps.device)[:, None]).long()
+            with torch.no_grad():
+                return self.model(inps, attention_mask=mask).logits
+        return super()._model_call(inps, attn_mask, labels)
 
     def get_model_info(self) -> dict:
         info = super().get_model_info()

@@ -50,8 +50,9 @@ def load_tasks(names: list[str], limit: int | None, data_dir) -> dict[str, TaskI
     for n in names:
         spec = TASKS[n]
         task = tdict[spec.offline]
-        if task.OUTPUT_TYPE != "multiple_choice" and getattr(task.config, "output_type", None) != "multiple_choice":
-            raise UserError(f"task {n} is not multiple choice; per-item scoring supports multiple-choice tasks")
+        if getattr(task.config, "output_type", None) not in ("multiple_choice", "loglikelihood"):
+            raise UserError(f"task {n} is neither multiple choice nor log-likelihood; the per-item scorer "
+                            "supports those (use `python -m orthorank.evaluation.zeroshot` for others)")
         task.build_all_requests(limit=limit, rank=0, world_size=1)
         reqs: dict[int, list[tuple[int, tuple[str, str]]]] = {}
         docs = {}

@@ -1,0 +1,61 @@
+"""torchrun with 2 CPU processes (gloo) gives the same numbers and the same plans as one process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.data
+
+
+def _run(args, cwd, nproc):
+    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
+    if nproc == 1:
+        cmd = [sys.executable, "-m", "orthorank.cli.main", *args]
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-port",
+               str(29500 + os.getpid() % 1000), "-m", "orthorank.cli.main", *args]
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+def test_two_processes_equal_one(tiny_hf_folder, tmp_path):
+    text = tmp_path / "calib.txt"
+    text.write_text("Calibration text about many different things, and some more of it. " * 300)
+    common = ["--model", str(tiny_hf_folder), "--threads", "1"]
+    plans = {}
+    for n in (1, 2):
+        for method in ("orthorank", "sleb", "shortened-ppl"):
+            _run(["calibrate", *common, "--method", method, "--sparsity", "0.2,0.3", "--calib-data", str(text),
+                  "--calib-samples", "6", "--seq-len", "32", "--match", "nominal",
+                  "--out-dir", f"run{n}/plans/{tiny_hf_folder.name}"], tmp_path, n)
+        plans[n] = {p.name: json.loads(p.read_text()) for p in (tmp_path / f"run{n}/plans").rglob("*.json")}
+    assert plans[1].keys() == plans[2].keys() and len(plans[1]) == 6
+    for name in plans[1]:
+        a, b = plans[1][name], plans[2][name]
+        assert a["layers"] == b["layers"] and a["provenance"]["losses"] == b["provenance"]["losses"], name
+
+    results = {}
+    for n in (1, 2):
+        out = _run(["compare", *common, "--methods", "dense,sleb,orthorank", "--match", "nominal",
+                    "--sparsity", "0.2", "--datasets", "wikitext2", "--seq-len", "48", "--max-windows", "5",
+                    "--ablations", "--ablation-levels", "0.2", "--zeroshot", "--tasks", "piqa,winogrande",
+                    "--limit", "7", "--out", "out", "--store", "store", "--zeroshot-batch-size", "3"],
+                   tmp_path / f"run{n}", n)
+        assert out.count("| dense |") >= 1  # only rank 0 printed its tables once
+        results[n] = json.loads((tmp_path / f"run{n}/out/compare.json").read_text())
+    assert results[2]["world_size"] == 2 and results[1]["world_size"] == 1
+    for key in ("rows", "comparisons", "zeroshot"):
+        assert results[1][key] == results[2][key], key
+    # zero-shot command under torchrun too
+    z = {}
+    for n in (1, 2):
+        _run(["zeroshot", *common, "--tasks", "arc_easy", "--limit", "9", "--batch-size", "4", "--json",
+              f"z{n}.json", "--no-store"], tmp_path, n)
+        z[n] = json.loads((tmp_path / f"z{n}.json").read_text())
+    assert z[1]["outcomes"] == z[2]["outcomes"] and z[2]["world_size"] == 2
