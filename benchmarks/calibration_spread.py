@@ -43,6 +43,7 @@ def main() -> int:
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--exhaustive", action="store_true", help="exhaustive greedy instead of the default screening")
+    p.add_argument("--search-only", action="store_true", help="make the plans, evaluate nothing")
     p.add_argument("--out", default=str(ROOT / "benchmarks/results/calibration-spread"))
     p.add_argument("--store", default=str(ROOT / "benchmarks/results/store"))
     args = p.parse_args()
@@ -56,6 +57,8 @@ def main() -> int:
     plan_dirs = {(n, t, seed): out / "plans" / f"{n}x{t}-seed{seed}" for (n, t), seed in itertools.product(sizes, seeds)}
     for (n, t, seed), d in plan_dirs.items():
         run_calibrate(args, n, t, seed, d)
+    if args.search_only:
+        return 0
 
     from orthorank.evaluation.data import load_eval_text
     from orthorank.evaluation.perplexity import eval_stream, make_windows, perplexity_key, stored_window_nll
