@@ -9,7 +9,9 @@ from orthorank.cli.common import (
     add_model_args, add_output_args, add_plan_args, load_from_args, plan_from_args, positive_int,
 )
 from orthorank.evaluation.data import load_eval_text
-from orthorank.evaluation.perplexity import make_windows, perplexity, tokenize_text
+from orthorank.evaluation.perplexity import eval_stream, make_windows, window_nll
+from orthorank.evaluation.stats import perplexity_interval
+from orthorank.method.cost import Arch
 from orthorank.errors import UserError
 from orthorank.method.apply import apply_plan
 from orthorank.results import check_writable, write_json
@@ -36,15 +38,22 @@ def run(args) -> int:
     if lm.tokenizer is None:
         raise UserError(f"{args.model} is a random-weight shape; perplexity needs a real model")
     plan = plan_from_args(args, lm)
-    windows = make_windows(tokenize_text(lm.tokenizer, text), args.seq_len, args.max_windows)
+    windows = make_windows(eval_stream(lm.tokenizer, args.dataset, text, args.seq_len), args.seq_len,
+                           args.max_windows)
+    arch = Arch.from_config(lm.config, lm.num_layers)
     apply_plan(lm.model, plan)
     start = time.perf_counter()
-    result = perplexity(lm.model, windows, args.batch_size, progress=True, desc=f"ppl {args.dataset}")
+    nll = window_nll(lm.model, windows, args.batch_size, progress=True, desc=f"ppl {args.dataset}")
     seconds = time.perf_counter() - start
+    ci = perplexity_interval(nll.numpy(), args.seq_len - 1)
+    sparsity = plan.sparsity(arch, args.seq_len)
     layers = ",".join(map(str, plan.layers)) or "-"
-    print(f"{args.dataset} perplexity {result.perplexity:.4f}  (method {plan.method}, layers {layers}, "
-          f"effective sparsity {plan.effective_sparsity:.3f}, {result.windows} windows x {args.seq_len} tokens, "
-          f"{seconds:.1f}s)")
+    print(f"{args.dataset} perplexity {ci.value:.4f} [95% CI {ci.low:.4f}, {ci.high:.4f}]  (method {plan.method}, "
+          f"layers {layers}, sparsity nominal {sparsity['nominal']:.3f} / compute {sparsity['compute']:.3f}, "
+          f"{windows.shape[0]} windows x {args.seq_len} tokens, {seconds:.1f}s)")
+    result = {"perplexity": ci.value, "ci95": [ci.low, ci.high], "mean_nll": float(nll.sum()) / nll.numel() /
+              (args.seq_len - 1), "windows": int(windows.shape[0]), "seq_len": args.seq_len,
+              "window_nll": nll.tolist(), "sparsity": sparsity}
     if args.json_out:
         path = write_json(args.json_out, {
             "command": "ppl",
@@ -54,7 +63,7 @@ def run(args) -> int:
             "max_windows": args.max_windows,
             "seed": args.seed,
             "plan": plan.to_dict(),
-            "result": result.to_dict(),
+            "result": result,
             "seconds": round(seconds, 3),
         }, device=lm.device, overwrite=args.overwrite)
         print(f"wrote {path}")
