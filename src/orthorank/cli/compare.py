@@ -151,9 +151,10 @@ def run(args) -> int:
                                      if sliced else " (every window)")
                    + ". 95% bootstrap intervals over windows. Sparsity: nominal = the paper's (n/L)(1-r); compute = "
                    f"share of the model's FLOPs skipped at {args.seq_len} tokens; measured = prefill speed-up.")
-        report += [caption + "\n", markdown_table(rows, datasets, arch, args.seq_len), "",
-                   "Paired perplexity ratios on the same windows (row / reference; below 1 = the row is better; "
-                   "** = the 95% interval excludes 1)\n", comparison_table(comps, datasets)]
+        report += [caption + "\n", markdown_table(rows, datasets, arch, args.seq_len)]
+        if comps:
+            report += ["", "Paired perplexity ratios on the same windows (row / reference; below 1 = the row is "
+                       "better; ** = the 95% interval excludes 1)\n", comparison_table(comps, datasets)]
     payload = {"command": "compare", "model": lm.name, "datasets": datasets, "seq_len": args.seq_len,
                "windows": {d: int(w.shape[0]) for d, w in windows.items()}, "seed": args.seed,
                "dtype": str(lm.model.dtype), "match": args.match, "world_size": dist.world_size(),

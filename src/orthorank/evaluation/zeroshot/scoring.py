@@ -204,7 +204,7 @@ def zeroshot_report(zs: dict[int, dict[str, dict]], rows, tasks: list[str], limi
                    + ", ".join(f"{TASKS[t].title} {n_items[t]}" for t in tasks)
                    + (" (a slice: the first items of each task)" if sliced else "")
                    + ("" if len(cols) == len(tasks) else "; tasks without " + metric + " show acc"))
-        head = ["method", "level", *[TASKS[t].title + ("" if t in cols else "*") for t in tasks], "mean"]
+        head = ["method", "level", *[TASKS[t].title + ("" if t in cols else "*") for t in tasks], "Mean"]
         lines += [caption + "\n", "| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
         for ri, row in enumerate(rows):
             cells = [row.method, f"{row.level:g}"]
@@ -224,7 +224,7 @@ def zeroshot_report(zs: dict[int, dict[str, dict]], rows, tasks: list[str], limi
             del per_item_mean
         lines += ["", f"Paired differences in {metric} (percentage points, row - reference, same items; 95% "
                   "bootstrap interval; ** = excludes 0)\n"]
-        head = ["row", "level", "vs", *[TASKS[t].title for t in tasks], "mean"]
+        head = ["row", "level", "vs", *[TASKS[t].title for t in tasks], "Mean"]
         lines += ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
         for ri, row in enumerate(rows):
             for ref in reference_rows(row, rows):
