@@ -10,9 +10,5 @@ OUT=${OUT:-plans/smollm2-135m}
 METHODS=${METHODS:-"orthorank sleb shortened-ppl shortgpt"}
 for m in $METHODS; do
   .venv/bin/orthorank calibrate --model smollm2-135m --method "$m" --sparsity 0.1,0.2 --calib-data c4 \
-    --dtype bfloat16 --seed 0 --threads "${THREADS:-2}" --out-dir "$OUT" ${OVERWRITE:+--overwrite}
+    --match compute,nominal --dtype bfloat16 --seed 0 --threads "${THREADS:-2}" --out-dir "$OUT" ${OVERWRITE:+--overwrite}
 done
-if [[ " $METHODS " == *" orthorank "* ]]; then
-  .venv/bin/orthorank calibrate --model smollm2-135m --method orthorank --match nominal --sparsity 0.1,0.2 \
-    --calib-data c4 --dtype bfloat16 --seed 0 --threads "${THREADS:-2}" --out-dir "$OUT" ${OVERWRITE:+--overwrite}
-fi

@@ -40,6 +40,14 @@ def parse_sparsities(text: str) -> list[float]:
     return sorted(set(values))
 
 
+def _match_rules(text: str) -> list[str]:
+    rules = [r.strip() for r in text.split(",") if r.strip()]
+    bad = [r for r in rules if r not in MATCH_RULES]
+    if bad or not rules:
+        raise argparse.ArgumentTypeError(f"--match takes {', '.join(MATCH_RULES)} or both, got {text!r}")
+    return list(dict.fromkeys(rules))
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("calibrate", help="search the layers for a method at a sparsity; write plan files",
                        description="Greedy (orthorank, sleb) or one-shot (shortened-ppl, shortgpt) layer search "
@@ -54,7 +62,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--calib-samples", type=positive_int, default=DEFAULT_CALIB_SAMPLES)
     p.add_argument("--seq-len", type=positive_int, default=DEFAULT_CALIB_SEQ_LEN, help="calibration window length")
     p.add_argument("--batch-size", type=positive_int, default=1)
-    p.add_argument("--match", choices=MATCH_RULES, default="compute",
+    p.add_argument("--match", default="compute", type=_match_rules,
                    help="OrthoRank layer count for a sparsity: compute (default: FLOPs skipped at --cost-seq-len at "
                         "least pruning's) or nominal (the paper's round(s L / (1 - r)))")
     p.add_argument("--cost-seq-len", type=positive_int, default=DEFAULT_COST_SEQ_LEN,
@@ -79,9 +87,12 @@ def run(args) -> int:
     selection = selection_from_args(args)
     if search.plan_method == "orthorank" and selection.ratio >= 1.0:
         raise UserError("ratio 1.0 skips no work; choose a ratio below 1")
-    file_method = plan_file_method(args.method, args.match)
-    outputs = [Path(args.output)] if args.output else [Path(args.out_dir) / f"{file_method}-{sparsity_label(s)}.json"
-                                                      for s in sparsities]
+    rules = args.match if search.plan_method == "orthorank" else ["compute"]
+    jobs = [(rule, s) for rule in rules for s in sparsities]
+    if args.output and len(jobs) > 1:
+        raise UserError("-o takes one sparsity and one --match rule; use --out-dir for several")
+    outputs = [Path(args.output)] if args.output else [
+        Path(args.out_dir) / f"{plan_file_method(args.method, rule)}-{sparsity_label(s)}.json" for rule, s in jobs]
     for path in outputs:
         check_writable(path, args.overwrite)
 
@@ -95,7 +106,7 @@ def run(args) -> int:
     restore_dense(lm.model)
     L = lm.num_layers
     arch = Arch.from_config(lm.config, L)
-    counts = [search.layer_count(s, L, selection.ratio, args.match, arch, args.cost_seq_len) for s in sparsities]
+    counts = [search.layer_count(s, L, selection.ratio, rule, arch, args.cost_seq_len) for rule, s in jobs]
     windows = calibration_windows(lm.tokenizer, text, args.calib_samples, args.seq_len, args.seed)
     runner = StackRunner(lm.model, windows, args.batch_size)
     if not 0.0 < args.screen_fraction <= 1.0:
@@ -112,7 +123,7 @@ def run(args) -> int:
         f"calibration loss {result.dense_loss:.4f})")
     if not dist.is_main():
         return 0
-    for s, n, path in zip(sparsities, counts, outputs):
+    for (rule, s), n, path in zip(jobs, counts, outputs):
         plan = Plan(
             method=search.plan_method,
             layers=result.order[:n],
@@ -124,7 +135,7 @@ def run(args) -> int:
             provenance={
                 "search": args.method,
                 "reference": search.reference,
-                "match": args.match if search.plan_method == "orthorank" else "removed ceil(s L)",
+                "match": rule if search.plan_method == "orthorank" else "removed ceil(s L)",
                 "cost_seq_len": args.cost_seq_len,
                 "order": result.order[:n],
                 "losses": [round(x, 6) for x in result.losses[:n]],
