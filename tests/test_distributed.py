@@ -59,3 +59,21 @@ def test_two_processes_equal_one(tiny_hf_folder, tmp_path):
               f"z{n}.json", "--no-store"], tmp_path, n)
         z[n] = json.loads((tmp_path / f"z{n}.json").read_text())
     assert z[1]["outcomes"] == z[2]["outcomes"] and z[2]["world_size"] == 2
+
+
+def test_harness_data_parallel_launch_with_the_orthorank_backend(tiny_hf_folder, tmp_path):
+    """`torchrun -m orthorank.evaluation.zeroshot --model orthorank ...` (the harness's own CLI) splits requests
+    across processes and reports the numbers of a single process, once."""
+    outs = {}
+    for n in (1, 2):
+        env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1",
+                   HF_DATASETS_OFFLINE="1")
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n), "--master-port",
+               str(29700 + os.getpid() % 200), "-m", "orthorank.evaluation.zeroshot", "--model", "orthorank",
+               "--device", "cpu", "--model_args", f"model={tiny_hf_folder}", "--tasks", "orthorank_arc_easy",
+               "--limit", "6", "--output_path", str(tmp_path / f"h{n}")]
+        proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert proc.stdout.count("|arc_easy|") == 1
+        outs[n] = [line for line in proc.stdout.splitlines() if "acc" in line and "|" in line]
+    assert outs[1] == outs[2] and outs[1]
