@@ -67,6 +67,10 @@ def fmt(value: Any) -> str:
 _FIRST_COLUMNS = ("method", "label", "sparsity", "effective_sparsity")
 
 
+def _long_list(value: Any) -> bool:
+    return isinstance(value, list) and len(value) > 12
+
+
 def _flatten_rows(rows: list[Any]) -> tuple[list[str], list[dict[str, Any]], int]:
     flat, skipped = [], 0
     for row in rows:
@@ -77,8 +81,9 @@ def _flatten_rows(rows: list[Any]) -> tuple[list[str], list[dict[str, Any]], int
         for k, v in row.items():
             if isinstance(v, dict):
                 for k2, v2 in v.items():
-                    out[f"{k}.{k2}"] = v2
-            else:
+                    if not _long_list(v2):  # per-window or per-item values stay in the JSON, not the table
+                        out[f"{k}.{k2}"] = v2
+            elif not _long_list(v):
                 out[str(k)] = v
         flat.append(out)
     seen: list[str] = []
