@@ -114,10 +114,11 @@ def run(args) -> int:
     screen = max(1, math.ceil(args.screen_fraction * len(runner.batches) - 1e-9))
     screen = None if args.exhaustive or screen >= len(runner.batches) else screen
     say = print if dist.is_main() else (lambda *a, **k: None)
-    say(f"{args.method}: {max(counts)} greedy steps over {L} layers, calibration {args.calib_samples} x "
-        f"{args.seq_len} tokens from {args.calib_data} (seed {args.seed}), "
-        + ("exhaustive" if screen is None else f"screening on {screen} of {len(runner.batches)} batches, "
-           f"re-checking the best {args.recheck}") + f", {dist.world_size()} process(es)")
+    greedy = args.method in ("orthorank", "sleb")
+    say(f"{args.method}: " + (f"{max(counts)} greedy steps" if greedy else "one-shot scores") + f" over {L} layers, "
+        f"calibration {args.calib_samples} x {args.seq_len} tokens from {args.calib_data} (seed {args.seed})"
+        + ("" if not greedy else ", exhaustive" if screen is None else f", screening on {screen} of "
+           f"{len(runner.batches)} batches and re-checking the contenders") + f", {dist.world_size()} process(es)")
     result = search.run(runner, max(counts), selection, True, screen_batches=screen, recheck=args.recheck, log=say)
     say(f"{args.method}: search took {result.seconds:.1f}s ({result.evaluations} candidate evaluations; dense "
         f"calibration loss {result.dense_loss:.4f})")
