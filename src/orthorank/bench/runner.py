@@ -22,6 +22,7 @@ from orthorank.bench.timing import (
 )
 from orthorank.errors import UserError
 from orthorank.method.apply import apply_orthorank, prune_layers, restore_dense
+from orthorank.method.cost import Arch, compute_sparsity
 from orthorank.method.plan import Plan, layers_for_sparsity
 from orthorank.method.selection import SelectionConfig
 from orthorank.models.adapters import get_adapter
@@ -220,6 +221,13 @@ def run_methods(model: nn.Module, specs: list[MethodSpec], settings: RunSettings
             "changed_layers": len(s.layers),
             "layers_from": s.source,
             "effective_sparsity": round(s.effective_sparsity(num_layers), 6),
+            "sparsity": {
+                "nominal": round(s.effective_sparsity(num_layers), 6),
+                "compute": round(compute_sparsity(Arch.from_config(model.config, num_layers), settings.seq_len,
+                                                  s.kind, len(s.layers), sel.ratio), 6),
+                "compute_seq_len": settings.seq_len,
+                "measured_speedup": speedup,
+            },
             "timing": st,
             "tokens_per_s": tokens / st["median_s"],
             "speedup_vs_dense": speedup,
