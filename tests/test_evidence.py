@@ -203,3 +203,46 @@ def test_model_fingerprint_sees_weights():
     with torch.no_grad():
         b.model.layers[1].mlp.down_proj.weight[0, 0] += 1.0
     assert model_fingerprint(a) != model_fingerprint(b)
+
+
+class _Tok:
+    """A tokenizer stub: one id per character, optionally with a BOS in front (as Llama tokenizers add)."""
+
+    def __init__(self, bos: bool):
+        self.bos_token_id = 1 if bos else None
+        self.bos = bos
+
+    def __call__(self, text, return_tensors=None, add_special_tokens=True):
+        ids = [2 + (ord(c) % 50) for c in text]
+        if add_special_tokens and self.bos:
+            ids = [1] + ids
+        out = type("Enc", (), {})()
+        out.input_ids = torch.tensor([ids]) if return_tensors == "pt" else ids
+        return out
+
+
+def test_bos_once_at_the_start_of_the_stream():
+    from orthorank.evaluation.perplexity import eval_stream, make_windows, tokenize_text
+
+    with_bos = tokenize_text(_Tok(True), "abcdefgh" * 4)
+    without = tokenize_text(_Tok(False), "abcdefgh" * 4)
+    assert with_bos[0].item() == 1 and (with_bos[1:] != 1).all() and torch.equal(with_bos[1:], without)
+    windows = make_windows(with_bos, 8)
+    assert windows[0, 0].item() == 1 and (windows[1:, 0] != 1).all()  # later windows get no BOS of their own
+    assert eval_stream(_Tok(False), "c4", "x" * 5000, 8).numel() == 256 * 8  # C4: 256 x seq-len tokens
+
+
+def test_perplexity_key_changes_with_plan_data_and_dtype():
+    from conftest import tiny_model
+    from orthorank.evaluation.perplexity import perplexity_key
+    from orthorank.method.plan import Plan
+
+    m = tiny_model()
+    sig = {"num_layers": 4}
+    stream = torch.arange(100)
+    dense = Plan("dense", [], "tiny", sig)
+    base = perplexity_key(m, dense, "wikitext2", stream, 16)
+    assert perplexity_key(m, dense, "wikitext2", stream, 16) == base
+    assert perplexity_key(m, Plan("prune", [1], "tiny", sig), "wikitext2", stream, 16)["plan"] != base["plan"]
+    assert perplexity_key(m, dense, "wikitext2", stream + 1, 16)["stream"] != base["stream"]
+    assert perplexity_key(m.to(torch.bfloat16), dense, "wikitext2", stream, 16)["dtype"] != base["dtype"]
