@@ -17,8 +17,8 @@ def _run(args, cwd, nproc):
     if nproc == 1:
         cmd = [sys.executable, "-m", "orthorank.cli.main", *args]
     else:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-port",
-               str(29500 + os.getpid() % 1000), "-m", "orthorank.cli.main", *args]
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
+               "-m", "orthorank.cli.main", *args]
     proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout
@@ -68,8 +68,8 @@ def test_harness_data_parallel_launch_with_the_orthorank_backend(tiny_hf_folder,
     for n in (1, 2):
         env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1",
                    HF_DATASETS_OFFLINE="1")
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n), "--master-port",
-               str(29700 + os.getpid() % 200), "-m", "orthorank.evaluation.zeroshot", "--model", "orthorank",
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n),
+               "-m", "orthorank.evaluation.zeroshot", "--model", "orthorank",
                "--device", "cpu", "--model_args", f"model={tiny_hf_folder}", "--tasks", "orthorank_arc_easy",
                "--limit", "6", "--output_path", str(tmp_path / f"h{n}")]
         proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
