@@ -4,7 +4,6 @@ with bootstrap intervals over windows and paired ratios between rows on the same
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -236,8 +235,3 @@ def plot_ppl(rows: list[Row], datasets: list[str], path: Path, arch: Arch, seq_l
     plt.close(fig)
     return path
 
-
-def _fmt(v: Any) -> str:
-    if isinstance(v, float):
-        return "nan" if math.isnan(v) else f"{v:.2f}"
-    return str(v)
