@@ -2,18 +2,51 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config
+import transformers
+from transformers import AutoModelForCausalLM
 
-FAMILIES = {"llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config}
+FAMILIES = {"llama": "LlamaConfig", "mistral": "MistralConfig", "qwen2": "Qwen2Config"}
+
+_ROPE_LLAMA3 = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+
+# Tiny random members of every supported decoder family, built from transformers' own config classes:
+# name -> (config class, overrides). Small sliding windows so that 40-token inputs cross them.
+ZOO: dict[str, tuple[str, dict]] = {
+    "llama2": ("LlamaConfig", {}),
+    "llama3": ("LlamaConfig", {"rope_parameters": {"rope_type": "default", "rope_theta": 500000.0}}),
+    "llama3.1": ("LlamaConfig", {"rope_parameters": dict(_ROPE_LLAMA3)}),
+    "llama3.2": ("LlamaConfig", {"rope_parameters": dict(_ROPE_LLAMA3), "tie_word_embeddings": True}),
+    "mistral": ("MistralConfig", {"sliding_window": 16}),
+    "mixtral": ("MixtralConfig", {"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 16}),
+    "qwen2": ("Qwen2Config", {}),
+    "qwen2.5": ("Qwen2Config", {"use_sliding_window": True, "sliding_window": 16, "max_window_layers": 2}),
+    "qwen3": ("Qwen3Config", {"head_dim": 16}),
+    "qwen3_moe": ("Qwen3MoeConfig", {"head_dim": 16, "num_experts": 4, "num_experts_per_tok": 2,
+                                     "moe_intermediate_size": 32, "decoder_sparse_step": 1}),
+    "gemma2": ("Gemma2Config", {"head_dim": 16, "sliding_window": 16, "query_pre_attn_scalar": 16,
+                                "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0}),
+    "gemma3": ("Gemma3TextConfig", {"head_dim": 16, "sliding_window": 16, "query_pre_attn_scalar": 16,
+                                    "sliding_window_pattern": 2}),
+    "phi3": ("Phi3Config", {"partial_rotary_factor": 0.5}),
+    "olmo2": ("Olmo2Config", {}),
+    "granite": ("GraniteConfig", {"residual_multiplier": 0.5, "attention_multiplier": 0.2,
+                                  "embedding_multiplier": 2.0, "logits_scaling": 4.0}),
+}
 
 
 def tiny_config(family: str = "llama", layers: int = 4, attn: str = "sdpa", **overrides):
     kwargs = dict(
         hidden_size=64, intermediate_size=128, num_hidden_layers=layers, num_attention_heads=4,
-        num_key_value_heads=2, vocab_size=128, max_position_embeddings=256, pad_token_id=0,
+        num_key_value_heads=2, vocab_size=128, max_position_embeddings=256, pad_token_id=0, bos_token_id=1,
+        eos_token_id=2,
     )
+    cls_name = FAMILIES.get(family)
+    if cls_name is None:
+        cls_name, extra = ZOO[family]
+        kwargs.update(extra)
     kwargs.update(overrides)
-    config = FAMILIES[family](**kwargs)
+    config = getattr(transformers, cls_name)(**kwargs)
     config._attn_implementation = attn
     return config
 

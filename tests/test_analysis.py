@@ -11,6 +11,8 @@ from html.parser import HTMLParser
 
 import pytest
 import torch
+
+from orthorank.method.apply import selective
 import torch.nn.functional as F
 
 from conftest import tiny_model
@@ -122,7 +124,7 @@ def test_selection_is_what_an_orthorank_layer_selects(layer):
     apply_orthorank(model, [layer], SelectionConfig(ratio=0.33))
     try:
         model(ids, use_cache=False)
-        keep = model.model.layers[layer].last_keep[0].int().tolist()
+        keep = selective(model.model.layers[layer]).last_keep[0].int().tolist()
         with pytest.raises(UserError, match="dense model"):
             analyze(model, ids)
     finally:

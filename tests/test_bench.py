@@ -12,11 +12,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from orthorank.method.apply import selective
+
 from conftest import tiny_model
 from orthorank.bench.costmodel import ideal_speedup, kv_fraction, selective_layer_cost, spread_layers
 from orthorank.cli.main import main
 from orthorank.method import SelectionConfig, apply_orthorank
-from orthorank.method.layer import OrthoRankLayer
+from orthorank.method.attention import _chunks
+from orthorank.method.layer import SelectiveLayer
 from orthorank.method.selection import keep_to_indices, tokens_to_keep, top_k_indices, topk_keep_mask
 from orthorank.models.shapes import shape_config
 
@@ -65,7 +68,12 @@ def _bench(tmp_path, *extra):
 
 def test_bench_cli_prefill_decode_layer(tmp_path):
     data = _bench(tmp_path, "--mode", "prefill,decode,layer", "--batch", "2", "--new-tokens", "3",
-                  "--methods", "dense,sleb,orthorank")
+                  "--methods", "dense,spread-prune,spread-orthorank")
+    from orthorank.method.cost import Arch
+    from orthorank.method.plan import layers_for_sparsity
+
+    n_sel = layers_for_sparsity(0.25, 4, "orthorank", 0.33, match="compute", seq_len=24, inner_only=False,
+                                arch=Arch.from_config(shape_config("smollm2-135m-shape"), 4))
     assert data["command"] == "bench" and data["model"] == "smollm2-135m-shape" and data["num_layers"] == 4
     assert data["f_kv"] == pytest.approx(kv_fraction(shape_config("smollm2-135m-shape")))
     assert {"torch", "transformers", "device", "git_commit"} <= set(data["environment"])
@@ -76,19 +84,22 @@ def test_bench_cli_prefill_decode_layer(tmp_path):
         assert run["batch"] == 2 and run["seq_len"] == 24 and run["repeats"] == 2
         assert run["tokens_per_run"] == (2 * 24 if mode == "prefill" else 2 * 3)
         methods = {m["method"]: m for m in run["methods"]}
-        assert set(methods) == {"dense", "sleb", "orthorank"}
-        # 0.25 of 4 layers: layer removal drops ceil(1.0) = 1; OrthoRank selects in round(1 / 0.67) = 1
-        assert methods["sleb"]["changed_layers"] == 1 and methods["orthorank"]["changed_layers"] == 1
+        assert set(methods) == {"dense", "spread-prune", "spread-orthorank"}
+        # 0.25 of 4 layers: layer removal drops ceil(1.0) = 1; OrthoRank selects in as many layers as it takes to
+        # skip at least that much compute at 24 tokens
+        assert methods["spread-prune"]["changed_layers"] == 1
+        assert methods["spread-orthorank"]["changed_layers"] == n_sel
         assert methods["dense"]["speedup_vs_dense"] == pytest.approx(1.0)
-        assert methods["sleb"]["throughput_vs_layer_removal"] == pytest.approx(1.0)
-        assert methods["sleb"]["ideal_speedup"] == pytest.approx(4 / 3)
+        assert methods["spread-prune"]["throughput_vs_layer_removal"] == pytest.approx(1.0)
+        assert methods["spread-prune"]["ideal_speedup"] == pytest.approx(4 / 3)
         for m in methods.values():
             t = m["timing"]
             assert len(t["times_s"]) == 2 and t["min_s"] <= t["median_s"] <= t["max_s"] and t["spread_pct"] >= 0
             assert m["tokens_per_s"] > 0 and m["pct_of_ideal"] > 0
             assert m["memory"]  # process peak RSS on CPU, peak allocated on CUDA
     f = data["f_kv"]
-    assert runs["prefill"]["methods"][2]["ideal_speedup"] == pytest.approx(4 / (3 + selective_layer_cost(f, 0.33)))
+    assert runs["prefill"]["methods"][2]["ideal_speedup"] == pytest.approx(
+        4 / (4 - n_sel + n_sel * selective_layer_cost(f, 0.33)))
     assert runs["decode"]["methods"][2]["ideal_speedup"] == 1.0
     assert runs["decode"]["new_tokens"] == 3
     assert "implied_selective_layer_cost" in runs["prefill"]["analysis"]
@@ -118,6 +129,9 @@ def test_bench_cli_plan_override_and_errors(tmp_path, capsys):
     assert main(["bench", "--model", "smollm2-135m-shape", "--num-layers", "2", "--mode", "sideways"]) == 2
     assert main(["bench", "--model", "smollm2-135m-shape", "--num-layers", "2", "--methods", "dense,magic"]) == 2
     assert "unknown" in capsys.readouterr().err
+    # a searched method means its saved plan, never evenly spread layers
+    assert main(["bench", "--model", "smollm2-135m-shape", "--num-layers", "4", "--methods", "sleb"]) == 2
+    assert "no sleb plan" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("entry", [
@@ -170,8 +184,8 @@ def _naive_reference(m, layer_index, ids, **forward_kwargs):
     handle = wrapper.register_forward_hook(hook, with_kwargs=True)
     m(ids, use_cache=False, **forward_kwargs)
     handle.remove()
-    keep = wrapper.last_keep
-    dense_out = wrapper.layer(seen["h"], **seen["kwargs"])
+    keep = selective(wrapper).last_keep
+    dense_out = selective(wrapper).inner(seen["h"], **seen["kwargs"])
     return seen["out"], torch.where(keep.unsqueeze(-1), dense_out, seen["h"]), keep
 
 
@@ -181,7 +195,7 @@ def _naive_reference(m, layer_index, ids, **forward_kwargs):
 def test_chunked_attention_is_exact(monkeypatch, kv_heads, attn, padded):
     """Query chunks against key prefixes (long sequences) give the dense layer's rows, with and without GQA,
     with the model's 4-D mask (eager, padding) and without one (SDPA, no padding)."""
-    monkeypatch.setattr(OrthoRankLayer, "min_chunk_keys", 16)
+    monkeypatch.setattr(SelectiveLayer, "min_chunk_keys", 16)
     m = tiny_model(num_key_value_heads=kv_heads, attn=attn)
     apply_orthorank(m, [2], SelectionConfig(ratio=0.33))
     g = torch.Generator().manual_seed(5)
@@ -191,27 +205,27 @@ def test_chunked_attention_is_exact(monkeypatch, kv_heads, attn, padded):
         mask = torch.ones(2, 200, dtype=torch.long)
         mask[1, :23] = 0
         kwargs = {"attention_mask": mask, "position_ids": (mask.cumsum(1) - 1).clamp_min(0)}
-    assert len(m.model.layers[2]._chunks(66, 200)) == 4
+    assert len(_chunks(66, 200, SelectiveLayer.max_attention_chunks, SelectiveLayer.min_chunk_keys)) == 4
     out, ref, keep = _naive_reference(m, 2, ids, **kwargs)
     assert torch.allclose(out, ref, atol=ATOL), (out - ref).abs().max()
     n_valid = torch.tensor([200, 177 if padded else 200])
     assert (keep.sum(1) == tokens_to_keep(n_valid, 0.33)).all()
     # The same with one chunk: identical selection, outputs equal to rounding.
-    monkeypatch.setattr(OrthoRankLayer, "max_attention_chunks", 1)
+    monkeypatch.setattr(SelectiveLayer, "max_attention_chunks", 1)
     out1, _, keep1 = _naive_reference(m, 2, ids, **kwargs)
     assert torch.equal(keep, keep1) and torch.allclose(out, out1, atol=ATOL)
 
 
 def test_chunked_prefill_with_cache_is_exact(monkeypatch):
     """A prompt fed in two chunks through the KV cache: the second chunk's sink lies in the cache."""
-    monkeypatch.setattr(OrthoRankLayer, "min_chunk_keys", 16)
+    monkeypatch.setattr(SelectiveLayer, "min_chunk_keys", 16)
     m = tiny_model()
     apply_orthorank(m, [1, 2], SelectionConfig(ratio=0.5))
     g = torch.Generator().manual_seed(9)
     ids = torch.randint(1, 128, (2, 80), generator=g)
     first = m(ids[:, :40], use_cache=True)
     cache = first.past_key_values if hasattr(first, "past_key_values") else first.cache
-    keep_first = m.model.layers[2].last_keep.clone()
+    keep_first = selective(m.model.layers[2]).last_keep.clone()
     wrapper = m.model.layers[2]
     seen = {}
     handle = wrapper.register_forward_hook(
@@ -220,21 +234,21 @@ def test_chunked_prefill_with_cache_is_exact(monkeypatch):
 
     m(ids[:, 40:], use_cache=True, **{_cache_kwarg(m): cache})
     handle.remove()
-    keep = wrapper.last_keep
+    keep = selective(wrapper).last_keep
     assert keep_first.shape == (2, 40) and keep.shape == (2, 40)
     assert (keep.sum(1) == 20).all()  # ceil(0.5 * 40); the sink (in the cache) cannot be chosen
     # Reference: the dense layer over the same chunk with the cache as it was before this layer's update.
     layer_cache = seen["kw"].get("cache", seen["kw"].get("past_key_values"))
-    keys, values = layer_cache.layers[wrapper.layer.self_attn.layer_idx].keys, \
-        layer_cache.layers[wrapper.layer.self_attn.layer_idx].values
+    keys, values = layer_cache.layers[wrapper.self_attn.layer_idx].keys, \
+        layer_cache.layers[wrapper.self_attn.layer_idx].values
     from transformers import DynamicCache
 
     ref_cache = DynamicCache(config=m.config)
-    ref_cache.update(keys[:, :, :40], values[:, :, :40], wrapper.layer.self_attn.layer_idx)
+    ref_cache.update(keys[:, :, :40], values[:, :, :40], wrapper.self_attn.layer_idx)
     kw = dict(seen["kw"])
     kw.pop("past_key_values", None)
     kw["cache" if "cache" in seen["kw"] else "past_key_values"] = ref_cache
-    dense_out = wrapper.layer(seen["h"], **kw)
+    dense_out = selective(wrapper).inner(seen["h"], **kw)
     ref = torch.where(keep.unsqueeze(-1), dense_out, seen["h"])
     assert torch.allclose(seen["o"], ref, atol=ATOL), (seen["o"] - ref).abs().max()
 

@@ -73,7 +73,7 @@ def test_unknown_model_and_family(capsys, tmp_path, text_file):
 
     folder = tmp_path / "gpt2"
     GPT2Config(n_layer=1, n_embd=32, n_head=2).save_pretrained(folder)
-    assert_user_error(capsys, "not supported; supported families: llama, mistral, qwen2", "ppl",
+    assert_user_error(capsys, "not supported; supported families: gemma, gemma2", "ppl",
                       "--model", folder, "--dataset", text_file)
     assert_user_error(capsys, "unknown model", "ppl", "--model", "no-such-model", "--dataset", text_file)
 

@@ -77,3 +77,25 @@ def test_harness_data_parallel_launch_with_the_orthorank_backend(tiny_hf_folder,
         assert proc.stdout.count("|arc_easy|") == 1
         outs[n] = [line for line in proc.stdout.splitlines() if "acc" in line and "|" in line]
     assert outs[1] == outs[2] and outs[1]
+
+
+def test_offloaded_model_under_torchrun_equals_one_process(tiny_hf_folder, tmp_path):
+    """A model that does not fit its memory budget (layers offloaded to disk by accelerate): the search and the
+    evaluation under torchrun give the single-process, undispatched results."""
+    text = tmp_path / "calib.txt"
+    text.write_text("Calibration text about many different things, and some more of it. " * 300)
+    base = ["--model", str(tiny_hf_folder), "--threads", "1"]
+    offload = ["--max-memory", "cpu=25400KB", "--offload-dir", str(tmp_path / "offload")]
+    plans = {}
+    for n, extra in ((1, []), (2, offload)):
+        _run(["calibrate", *base, *extra, "--method", "sleb", "--sparsity", "0.25", "--calib-data", str(text),
+              "--calib-samples", "4", "--seq-len", "32", "-o", f"sleb{n}.json"], tmp_path, n)
+        plans[n] = json.loads((tmp_path / f"sleb{n}.json").read_text())
+    assert plans[1]["layers"] == plans[2]["layers"]
+    assert plans[1]["provenance"]["losses"] == pytest.approx(plans[2]["provenance"]["losses"], rel=1e-5)
+    z = {}
+    for n, extra in ((1, []), (2, offload)):
+        _run(["zeroshot", *base, *extra, "--plan", f"sleb{n}.json", "--tasks", "arc_easy", "--limit", "6",
+              "--batch-size", "3", "--json", f"z{n}.json", "--no-store"], tmp_path, n)
+        z[n] = json.loads((tmp_path / f"z{n}.json").read_text())
+    assert z[1]["outcomes"] == z[2]["outcomes"]

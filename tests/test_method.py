@@ -5,10 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from orthorank.method.apply import selective
+
 from conftest import tiny_model
 from orthorank.errors import UserError
 from orthorank.method import SelectionConfig, apply_orthorank, prune_layers, restore_dense
-from orthorank.method.layer import OrthoRankLayer
+from orthorank.method.attention import _chunks
+from orthorank.method.layer import SelectiveLayer
 from orthorank.method.selection import keep_to_indices, tokens_to_keep, topk_keep_mask
 
 ATOL = 1e-5
@@ -26,10 +29,10 @@ def test_ratio_one_equals_dense(family, attn):
     ids = ids_for()
     dense = m(ids).logits
     apply_orthorank(m, [0, 1, 2, 3], SelectionConfig(ratio=1.0))
-    assert all(isinstance(layer, OrthoRankLayer) for layer in m.model.layers)
+    assert all(selective(layer) is not None for layer in m.model.layers)
     out = m(ids).logits
     assert torch.allclose(out, dense, atol=ATOL), (out - dense).abs().max()
-    assert bool(m.model.layers[1].last_keep.all())  # the selective path ran and kept every token
+    assert bool(selective(m.model.layers[1]).last_keep.all())  # the selective path ran and kept every token
 
 
 @pytest.mark.parametrize("family", ["llama", "mistral", "qwen2"])
@@ -47,8 +50,8 @@ def test_selective_layer_matches_naive_reference(family, ratio):
 
     wrapper.register_forward_hook(hook, with_kwargs=True)
     m(ids, use_cache=False)
-    keep = wrapper.last_keep
-    dense_out = wrapper.layer(seen["h"], **seen["kwargs"])
+    keep = selective(wrapper).last_keep
+    dense_out = selective(wrapper).inner(seen["h"], **seen["kwargs"])
     reference = torch.where(keep.unsqueeze(-1), dense_out, seen["h"])
     assert torch.allclose(seen["out"], reference, atol=ATOL)
     assert (keep.sum(1) == tokens_to_keep(torch.tensor([30, 30]), ratio)).all()
@@ -141,10 +144,11 @@ def test_cached_decode_step_matches_prefix_consistent_reference():
     ids = ids_for(1, 20)
     apply_orthorank(m, [1, 2], SelectionConfig(ratio=0.33))
     out = m(ids, use_cache=True)
-    keep_prompt = {i: m.model.layers[i].last_keep.clone() for i in (1, 2)}
+    keep_prompt = {i: selective(m.model.layers[i]).last_keep.clone() for i in (1, 2)}
     nxt = out.logits[:, -1].argmax(-1, keepdim=True)
-    step = m(nxt, past_key_values=out.past_key_values if hasattr(out, "past_key_values") else out.cache,
-             use_cache=True).logits[:, -1]
+    from orthorank.bench.runner import _cache_kwarg, _output_cache
+
+    step = m(nxt, **{_cache_kwarg(m): _output_cache(out)}, use_cache=True).logits[:, -1]
     # Reference: dense model, but in layers 1 and 2 the prompt tokens not kept at prefill bypass the layer.
     restore_dense(m)
     full = torch.cat([ids, nxt], dim=1)
@@ -207,11 +211,11 @@ def test_no_bypass_kv_drops_bypassed_keys():
     seen = {}
     out.register_forward_hook(lambda mod, a, k, o: seen.update(h=a[0], kw=k, o=o), with_kwargs=True)
     m(ids, use_cache=False)
-    keep = out.last_keep[0]
+    keep = selective(out).last_keep[0]
     idx = keep.nonzero().squeeze(-1)
     cos, sin = seen["kw"]["position_embeddings"]
     kw = dict(seen["kw"], position_embeddings=(cos[:, idx], sin[:, idx]), attention_mask=None)
-    sub = out.layer(seen["h"][:, idx], **kw)
+    sub = selective(out).inner(seen["h"][:, idx], **kw)
     assert torch.allclose(seen["o"][0, idx], sub[0], atol=ATOL)
 
 
@@ -229,7 +233,7 @@ def test_unsupported_family():
     from transformers import GPT2Config, GPT2LMHeadModel
 
     m = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64))
-    with pytest.raises(UserError, match="supported families: llama, mistral, qwen2"):
+    with pytest.raises(UserError, match="supported families: gemma, gemma2"):
         apply_orthorank(m, [0], SelectionConfig())
 
 
@@ -251,11 +255,11 @@ def test_right_padded_batch_equals_single_rows(order):
     rows = [ids_for(1, 21, seed=8)[0].tolist(), ids_for(1, 9, seed=9)[0].tolist(), ids_for(1, 2, seed=10)[0].tolist()]
     ids, mask = _right_pad(rows)
     batched = m(ids, attention_mask=mask).logits
-    keeps = m.model.layers[1].last_keep
+    keeps = selective(m.model.layers[1]).last_keep
     for i, r in enumerate(rows):
         single = m(torch.tensor([r])).logits[0]
         assert torch.allclose(batched[i, : len(r)], single, atol=ATOL), (i, (batched[i, : len(r)] - single).abs().max())
-        assert torch.equal(keeps[i, : len(r)], m.model.layers[1].last_keep[0]) and not keeps[i, len(r):].any()
+        assert torch.equal(keeps[i, : len(r)], selective(m.model.layers[1]).last_keep[0]) and not keeps[i, len(r):].any()
 
 
 def test_random_order_is_per_sequence_and_batch_independent():
@@ -263,7 +267,7 @@ def test_random_order_is_per_sequence_and_batch_independent():
     m = tiny_model()
     apply_orthorank(m, [1], SelectionConfig(ratio=0.33, order="random", seed=5))
     a, b = ids_for(1, 24, seed=11), ids_for(1, 24, seed=12)
-    keep = lambda ids: (m(ids, use_cache=False), m.model.layers[1].last_keep)[1]  # noqa: E731
+    keep = lambda ids: (m(ids, use_cache=False), selective(m.model.layers[1]).last_keep)[1]  # noqa: E731
     ka, kb = keep(a)[0], keep(b)[0]
     both = keep(torch.cat([b, a]))
     assert torch.equal(both[1], ka) and torch.equal(both[0], kb)
@@ -286,14 +290,14 @@ def test_no_bypass_kv_sink_variant(visible):
     seen = {}
     out.register_forward_hook(lambda mod, a, k, o: seen.update(h=a[0], kw=k, o=o), with_kwargs=True)
     m(ids, use_cache=False)
-    keep = out.last_keep[0].clone()
+    keep = selective(out).last_keep[0].clone()
     assert not keep[0]
     if visible:
         keep[0] = True
     idx = keep.nonzero().squeeze(-1)
     cos, sin = seen["kw"]["position_embeddings"]
     kw = dict(seen["kw"], position_embeddings=(cos[:, idx], sin[:, idx]), attention_mask=None)
-    sub = out.layer(seen["h"][:, idx], **kw)
-    sel = out.last_keep[0].nonzero().squeeze(-1)
+    sub = selective(out).inner(seen["h"][:, idx], **kw)
+    sel = selective(out).last_keep[0].nonzero().squeeze(-1)
     pos_in_sub = torch.searchsorted(idx, sel)
     assert torch.allclose(seen["o"][0, sel], sub[0, pos_in_sub], atol=ATOL)

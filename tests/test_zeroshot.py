@@ -255,7 +255,7 @@ def test_orthorank_plan_batches_with_a_mask_and_equals_batch_size_one(tiny_lm):
     from lm_eval.models.huggingface import HFLM
 
     from orthorank.evaluation.zeroshot.backend import OrthoRankLM
-    from orthorank.method.apply import apply_plan, restore_dense
+    from orthorank.method.apply import apply_plan, restore_dense, selective
 
     dense = [lp for lp, _ in loglikelihoods(OrthoRankLM(tiny_lm, batch_size=4))]
     plan = Plan("orthorank", [1, 2], tiny_lm.name, tiny_lm.signature())
@@ -298,6 +298,7 @@ def test_backend_rejects_mismatched_plan(tiny_lm):
 
 @needs_data
 def test_run_zeroshot_returns_harness_metrics_and_restores_dense(tiny_lm):
+    from orthorank.method.apply import selective
     from orthorank.models.adapters import get_adapter
 
     plan = Plan("orthorank", [1], tiny_lm.name, tiny_lm.signature())
@@ -308,7 +309,7 @@ def test_run_zeroshot_returns_harness_metrics_and_restores_dense(tiny_lm):
     assert {"acc", "perplexity"} <= set(res["lambada_openai"]) and res["lambada_openai"]["perplexity"] > 1
     assert all(0.0 <= r["acc"] <= 1.0 for r in res.values())
     assert info["examples"] == {"winogrande": 3, "lambada_openai": 3} and info["batch_size"] == 8
-    assert all(type(layer).__name__ != "OrthoRankLayer" for layer in get_adapter(tiny_lm.model).layers(tiny_lm.model))
+    assert all(selective(layer) is None for layer in get_adapter(tiny_lm.model).layers(tiny_lm.model))
     with pytest.raises(UserError, match="limit"):
         run_zeroshot(tiny_lm, plan, ["piqa"], limit=0)
 

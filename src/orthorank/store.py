@@ -26,8 +26,8 @@ from orthorank.errors import UserError
 
 # The modules whose code decides the numbers a result of each kind holds; a change to any of them is a new code
 # version for that kind.
-_MODEL_MODULES = ("method/selection.py", "method/layer.py", "method/apply.py", "models/adapters.py",
-                  "models/loading.py")
+_MODEL_MODULES = ("method/selection.py", "method/attention.py", "method/layer.py", "method/apply.py",
+                  "models/adapters.py", "models/loading.py")
 NUMERIC_MODULES = {
     "perplexity": _MODEL_MODULES + ("evaluation/perplexity.py",),
     "zeroshot": _MODEL_MODULES + ("evaluation/zeroshot/scoring.py", "evaluation/zeroshot/convert.py"),

@@ -30,6 +30,7 @@ from torch import nn
 from orthorank.errors import UserError
 from orthorank.method.selection import CRITERIA, sink_scores, tokens_to_keep, topk_keep_mask
 from orthorank.models.adapters import get_adapter
+from orthorank.models.loading import input_device
 
 QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)
 SINK = 0  # position of the sink in every sample
@@ -239,7 +240,7 @@ def analyze(
     vocab = getattr(model.config, "vocab_size", None)
     if vocab is not None and (int(windows.min()) < 0 or int(windows.max()) >= vocab):
         raise UserError(f"token ids must lie in [0, {vocab}) for this model")
-    device = next(model.parameters()).device
+    device = input_device(model)
     n_samples, n_tokens = windows.shape
 
     col = _Collector(model, sample_tokens)

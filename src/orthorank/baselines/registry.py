@@ -1,4 +1,5 @@
-"""Search methods by name. Each turns a sparsity into a plan; adding one means adding an entry here."""
+"""Calibration searches by name (the `search` of a method in orthorank.methods): each turns a step count into
+an ordered list of layers."""
 
 from __future__ import annotations
 

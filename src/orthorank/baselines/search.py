@@ -16,11 +16,16 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
-from orthorank.method.layer import OrthoRankLayer, SequenceContext
+from orthorank.method.layer import SelectiveLayer, SequenceContext
 from orthorank.method.selection import SelectionConfig
 from orthorank.models.adapters import get_adapter
+from orthorank.models.loading import input_device
 
-Config = dict[int, nn.Module | None]
+Config = dict[int, "nn.Module | SelectiveLayer | None"]
+
+
+class _Captured(Exception):
+    """Stops the capture forward once the last layer's inputs are known."""
 
 
 @dataclass
@@ -34,7 +39,12 @@ class SearchResult:
 
 
 class StackRunner:
-    """Runs a dense model's decoder layers one by one on fixed calibration windows."""
+    """Runs a model's decoder layers one by one on fixed calibration windows.
+
+    Each layer's inputs besides the hidden states (the mask the model builds for its attention implementation,
+    RoPE per layer type, position ids) and the first layer's input (embedding with any family scaling) are
+    captured once from a dense forward, so the runner calls every layer exactly as the model would.
+    """
 
     def __init__(self, model: nn.Module, windows: torch.Tensor, batch_size: int = 4) -> None:
         self.model = model
@@ -42,50 +52,59 @@ class StackRunner:
         self.adapter = adapter
         self.decoder = adapter.decoder(model)
         self.layers = list(adapter.layers(model))
-        device = next(model.parameters()).device
+        device = input_device(model)
         self.batches = [windows[i : i + batch_size].to(device) for i in range(0, windows.shape[0], batch_size)]
-        self.position_ids = [torch.arange(b.shape[1], device=device).unsqueeze(0) for b in self.batches]
         self.tokens = sum(b.shape[0] * (b.shape[1] - 1) for b in self.batches)
         self.states: list[list[torch.Tensor]] = []  # states[i][batch]: input of layer i; states[L]: final
         self.evaluations = 0
+        self.layer_kwargs: list[list[dict]] = [[{} for _ in self.batches] for _ in self.layers]
+        self.embeddings: list[torch.Tensor] = []
+        self._capture_layer_inputs()
 
-    def _mask(self, b: int, h: torch.Tensor) -> torch.Tensor | None:
-        # SDPA is causal by itself when given no mask; other attention implementations need the causal mask the
-        # model would build, or calibration would see the future.
-        if getattr(self.model.config, "_attn_implementation", "sdpa") == "sdpa":
-            return None
-        T = h.shape[1]
-        m = torch.full((T, T), torch.finfo(h.dtype).min, dtype=h.dtype, device=h.device).triu(1)
-        return m[None, None]
+    @torch.no_grad()
+    def _capture_layer_inputs(self) -> None:
+        handles = []
+        for i, layer in enumerate(self.layers):
+            def grab(module, args, kwargs, i=i):
+                if i == 0:
+                    self.embeddings.append(args[0] if args else kwargs["hidden_states"])
+                self.layer_kwargs[i][self._b] = {k: v for k, v in kwargs.items() if k != "hidden_states"}
+                if i == len(self.layers) - 1:
+                    raise _Captured
+            handles.append(layer.register_forward_pre_hook(grab, with_kwargs=True))
+        try:
+            for self._b, ids in enumerate(self.batches):
+                try:
+                    self.decoder(input_ids=ids, use_cache=False)
+                except _Captured:
+                    pass
+        finally:
+            for h in handles:
+                h.remove()
 
-    def wrap(self, i: int, selection: SelectionConfig) -> OrthoRankLayer:
+    def wrap(self, i: int, selection: SelectionConfig) -> SelectiveLayer:
         # A fresh context with no padding mask: calibration windows are unpadded.
-        return OrthoRankLayer(self.layers[i], self.adapter, selection, SequenceContext(), i)
+        return SelectiveLayer(self.layers[i], self.adapter, selection, SequenceContext(), i)
 
-    def _pos(self, b: int, h: torch.Tensor):
-        return self.decoder.rotary_emb(h, position_ids=self.position_ids[b])
-
-    def _layer(self, config: Config, i: int) -> nn.Module | None:
+    def _layer(self, config: Config, i: int):
         return config[i] if i in config else self.layers[i]
 
     @torch.no_grad()
     def _run(self, config: Config, start: int, b: int, h: torch.Tensor, keep_states: bool) -> torch.Tensor:
-        pos_emb = self._pos(b, h)
-        mask = self._mask(b, h)
         for i in range(start, len(self.layers)):
             if keep_states:
                 self.states[i][b] = h
             layer = self._layer(config, i)
             if layer is not None:
-                h = layer(h, attention_mask=mask, position_ids=self.position_ids[b], position_embeddings=pos_emb,
-                          use_cache=False)
+                out = layer(h, **self.layer_kwargs[i][b])
+                h = out[0] if isinstance(out, tuple) else out
         if keep_states:
             self.states[len(self.layers)][b] = h
         return h
 
     @torch.no_grad()
     def _loss(self, h: torch.Tensor, ids: torch.Tensor) -> float:
-        logits = self.model.lm_head(self.decoder.norm(h))[:, :-1].float()
+        logits = self.adapter.logits(self.model, h)[:, :-1].float()
         return float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1), reduction="sum"))
 
     @torch.no_grad()
@@ -95,7 +114,7 @@ class StackRunner:
             self.states = [[None] * len(self.batches) for _ in range(len(self.layers) + 1)]
         total = 0.0
         for b, ids in enumerate(self.batches):
-            h = self.decoder.embed_tokens(ids) if start == 0 else self.states[start][b]
+            h = self.embeddings[b] if start == 0 else self.states[start][b]
             total += self._loss(self._run(config, start, b, h, keep_states=True), ids)
         return total / self.tokens
 

@@ -27,8 +27,6 @@ from orthorank.method.plan import Plan, layers_for_sparsity
 from orthorank.method.selection import SelectionConfig
 from orthorank.models.adapters import get_adapter
 
-# Benchmark method name -> plan kind. "sleb" is layer removal (any remover costs the same for speed).
-METHOD_KINDS = {"dense": "dense", "sleb": "prune", "prune": "prune", "orthorank": "orthorank"}
 MODES = ("prefill", "decode", "layer")
 
 
@@ -54,24 +52,37 @@ class MethodSpec:
 
 
 def method_specs(methods: list[str], num_layers: int, sparsity: float, selection: SelectionConfig,
-                 plans: list[tuple[str, Plan]] = ()) -> list[MethodSpec]:
-    """Evenly spread layers at the requested sparsity; a plan (path, Plan) of the same kind overrides them."""
+                 plans: list[tuple[str, Plan]] = (), model_name: str | None = None,
+                 arch: Arch | None = None, seq_len: int | None = None) -> list[MethodSpec]:
+    """Layers per method (names from orthorank.methods): a searched method's saved plan at the sparsity, evenly
+    spread layers for spread-prune / spread-orthorank; a --plan file of the same kind overrides either."""
+    from orthorank.method.plan_store import find_plan
+    from orthorank.methods import get_method
+
     specs = []
     for name in methods:
-        kind = METHOD_KINDS.get(name)
-        if kind is None:
-            raise UserError(f"unknown method {name!r}; choose from {', '.join(METHOD_KINDS)}")
+        method = get_method(name)
+        kind = method.plan_kind
         if kind == "dense":
             specs.append(MethodSpec(name, kind, []))
             continue
-        count = layers_for_sparsity(sparsity, num_layers, kind, selection.ratio)
-        spec = MethodSpec(name, kind, spread_layers(count, num_layers),
-                          selection=selection if kind == "orthorank" else None)
-        for path, plan in plans:
-            if plan.method == kind:
-                spec.layers, spec.source = list(plan.layers), str(path)
-                if kind == "orthorank":
-                    spec.selection = plan.selection
+        spec = MethodSpec(name, kind, [], selection=selection if kind == "orthorank" else None)
+        override = [(path, plan) for path, plan in plans if plan.method == kind]
+        if override:
+            path, plan = override[-1]
+            spec.layers, spec.source = list(plan.layers), str(path)
+        elif method.layers == "plan":
+            if model_name is None:
+                raise UserError(f"method {name} uses its saved plan; pass --plan FILE")
+            path = find_plan(model_name, method.plan_label, sparsity)
+            plan = Plan.load(path)
+            spec.layers, spec.source = list(plan.layers), str(path)
+        else:
+            count = layers_for_sparsity(sparsity, num_layers, kind, selection.ratio, match=method.match,
+                                        arch=arch, seq_len=seq_len or 2048, inner_only=False)
+            spec.layers = spread_layers(count, num_layers)
+        if kind == "orthorank" and (override or method.layers == "plan"):
+            spec.selection = plan.selection
         if kind == "prune" and len(spec.layers) >= num_layers:
             raise UserError("layer removal at this sparsity would remove every layer")
         specs.append(spec)
@@ -290,7 +301,8 @@ def run_layer(model: nn.Module, selection: SelectionConfig, settings: RunSetting
               log: Callable[[str], None] = print) -> dict[str, Any]:
     """Time one dense decoder layer against the same layer wrapped as a selection layer, and the selection step
     (scoring alone, scoring + top-K) alone, on random hidden states with no padding and no cache."""
-    from orthorank.method.layer import OrthoRankLayer, SequenceContext
+    from orthorank.method.attention import _chunks
+    from orthorank.method.layer import SelectiveLayer, SequenceContext
     from orthorank.method.selection import keep_count, keep_to_indices, sink_scores
 
     adapter = get_adapter(model)
@@ -307,12 +319,12 @@ def run_layer(model: nn.Module, selection: SelectionConfig, settings: RunSetting
     with torch.inference_mode():
         h = torch.randn(B, T, cfg.hidden_size, generator=gen).to(device=device, dtype=dtype)
         pos = torch.arange(T, device=device).unsqueeze(0)
-        pos_emb = adapter.decoder(model).rotary_emb(h, pos)
+        pos_emb = adapter.position_embeddings(model, h, pos, idx)
         kwargs = dict(attention_mask=None, position_ids=pos, position_embeddings=pos_emb, use_cache=False)
         context = SequenceContext()
-        wrapper = OrthoRankLayer(layer, adapter, selection, context, idx)
-        x = layer.input_layernorm(h)
-        src = x if selection.source == "normed" else h
+        wrapper = SelectiveLayer(layer, adapter, selection, context, idx)
+        x = adapter.attention_input(layer, h)
+        src = adapter.score_input(h, x) if selection.source == "normed" else h
         sink = src[:, 0]
         if hasattr(wrapper, "select_indices"):
             def select() -> Any:
@@ -320,13 +332,13 @@ def run_layer(model: nn.Module, selection: SelectionConfig, settings: RunSetting
         else:  # the pre-optimization layer
             def select() -> Any:
                 return keep_to_indices(wrapper._select(h, x, 0))
-        unchunked = OrthoRankLayer(layer, adapter, selection, SequenceContext(), idx)
+        unchunked = SelectiveLayer(layer, adapter, selection, SequenceContext(), idx)
         unchunked.max_attention_chunks = 1
         fns = {
             "dense_layer": lambda: layer(h, **kwargs),
             "selective_layer": lambda: wrapper(h, **kwargs),
             "selective_layer_unchunked": lambda: unchunked(h, **kwargs),
-            "input_norm": lambda: layer.input_layernorm(h),
+            "input_norm": lambda: adapter.attention_input(layer, h),
             "scoring": lambda: sink_scores(src, sink, selection.criterion),
             "scoring_and_topk": select,
         }
@@ -367,7 +379,8 @@ def run_layer(model: nn.Module, selection: SelectionConfig, settings: RunSetting
         "scoring_fraction_of_dense": stats["scoring"]["median_s"] / dense,
         "selection_fraction_of_dense": stats["scoring_and_topk"]["median_s"] / dense,
         "unchunked_attention_cost_fraction": stats["selective_layer_unchunked"]["median_s"] / dense,
-        "attention_chunks": len(wrapper._chunks(keep_count(T, selection.ratio), T)),
+        "attention_chunks": len(_chunks(keep_count(T, selection.ratio), T, wrapper.max_attention_chunks,
+                                        wrapper.min_chunk_keys)),
         "scores_bmm_out_dtype": _bmm_flag(),
         "profile": prof,
     }

@@ -14,7 +14,9 @@ import torch
 
 from orthorank.bench.costmodel import kv_fraction, selective_layer_cost
 from orthorank.bench.report import format_run
-from orthorank.bench.runner import METHOD_KINDS, MODES, RunSettings, method_specs, run_layer, run_methods
+from orthorank.method.cost import Arch
+from orthorank.methods import METHODS, get_method
+from orthorank.bench.runner import MODES, RunSettings, method_specs, run_layer, run_methods
 from orthorank.cli.common import (
     add_model_args, add_output_args, add_selection_args, finite_float, load_from_args, positive_int,
     selection_from_args,
@@ -37,10 +39,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_model_args(p)
     p.add_argument("--num-layers", type=positive_int, default=None,
                    help="shrink a random-weight shape (llama2-7b, llama3-8b, mistral-7b, ...) to this many layers")
-    p.add_argument("--methods", type=lambda t: _list(str, t), default=["dense", "sleb", "orthorank"],
-                   help=f"comma-separated, from {', '.join(METHOD_KINDS)} (default dense,sleb,orthorank)")
+    p.add_argument("--methods", type=lambda t: _list(str, t), default=["dense", "spread-prune", "spread-orthorank"],
+                   help=f"comma-separated, from {', '.join(METHODS)}: searched methods use their saved plan at "
+                        "--sparsity (or --plan), spread-* spread their layers evenly (any shape; default "
+                        "dense,spread-prune,spread-orthorank)")
     p.add_argument("--sparsity", type=finite_float, default=0.2,
-                   help="skipped share of per-token layer work; layers are spread evenly (default 0.2)")
+                   help="target sparsity: picks the saved plans of searched methods and the layer count of spread-* (default 0.2)")
     p.add_argument("--plan", action="append", default=[],
                    help="plan file overriding the layers of its method (orthorank or prune); may repeat")
     p.add_argument("--mode", type=lambda t: _list(str, t), default=["prefill"],
@@ -72,9 +76,8 @@ def _check(args) -> None:
         raise UserError(f"unknown mode {bad[0]!r}; choose from {', '.join(MODES)}")
     if args.warmup < 0:
         raise UserError("--warmup must be 0 or more")
-    unknown = [m for m in args.methods if m not in METHOD_KINDS]
-    if unknown:
-        raise UserError(f"unknown method {unknown[0]!r}; choose from {', '.join(METHOD_KINDS)}")
+    for m in args.methods:
+        get_method(m)
 
 
 def _loadavg() -> list[float] | None:
@@ -99,7 +102,8 @@ def run(args) -> int:
         if plan.method == "dense":
             raise UserError(f"plan file {path} is a dense plan; nothing to override")
     selection = selection_from_args(args)
-    specs = method_specs(args.methods, lm.num_layers, args.sparsity, selection, plans)
+    specs = method_specs(args.methods, lm.num_layers, args.sparsity, selection, plans, model_name=lm.name,
+                         arch=Arch.from_config(lm.config, lm.num_layers), seq_len=args.seq_len)
     cfg = lm.config
     dtype = next(lm.model.parameters()).dtype
     f_kv = kv_fraction(cfg)

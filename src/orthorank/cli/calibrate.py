@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from orthorank.models.loading import check_context
+
 import argparse
 import math
 from pathlib import Path
@@ -9,7 +11,8 @@ from pathlib import Path
 import torch
 
 from orthorank.baselines.calibration import calibration_windows
-from orthorank.baselines.registry import SEARCH_METHODS, get_search
+from orthorank.baselines.registry import get_search
+from orthorank.methods import METHODS, searched
 from orthorank.baselines.search import StackRunner
 from orthorank.cli.common import (
     add_model_args, add_selection_args, finite_float, load_from_args, positive_int, selection_from_args,
@@ -53,7 +56,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        description="Greedy (orthorank, sleb) or one-shot (shortened-ppl, shortgpt) layer search "
                                    "on calibration text disjoint from the evaluation text.")
     add_model_args(p)
-    p.add_argument("--method", required=True, choices=list(SEARCH_METHODS))
+    p.add_argument("--method", required=True, choices=searched(),
+                   help="orthorank-nominal is orthorank with --match nominal")
     p.add_argument("--sparsity", required=True, help="one value or a list, e.g. 0.1,0.2 (greedy runs once)")
     add_selection_args(p)
     p.add_argument("--calib-data", default="c4", help="c4 (sample documents not used for evaluation), "
@@ -80,7 +84,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args) -> int:
-    search = get_search(args.method)
+    method = METHODS[args.method]
+    if method.match != "compute":  # orthorank-nominal: the search of orthorank under the nominal rule
+        args.match = [method.match]
+    args.method = method.search
+    search = get_search(method.search)
     sparsities = parse_sparsities(args.sparsity)
     if args.output and len(sparsities) > 1:
         raise UserError("-o takes one sparsity; use --out-dir for several")
@@ -108,6 +116,7 @@ def run(args) -> int:
     arch = Arch.from_config(lm.config, L)
     counts = [search.layer_count(s, L, selection.ratio, rule, arch, args.cost_seq_len) for rule, s in jobs]
     windows = calibration_windows(lm.tokenizer, text, args.calib_samples, args.seq_len, args.seed)
+    check_context(lm.model, args.seq_len)
     runner = StackRunner(lm.model, windows, args.batch_size)
     if not 0.0 < args.screen_fraction <= 1.0:
         raise UserError(f"--screen-fraction must be in (0, 1], got {args.screen_fraction}")

@@ -40,6 +40,10 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="auto", help="auto (float32 on CPU, bfloat16 on GPU), float32, bfloat16")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=positive_int, default=None, help="CPU threads for torch")
+    p.add_argument("--max-memory", default=None,
+                   help="spread the model with accelerate: device=size pairs, e.g. cuda=10GiB,cpu=30GiB (the rest "
+                        "goes to --offload-dir); under torchrun each process gets this budget on its own GPU")
+    p.add_argument("--offload-dir", default=None, help="folder for weights offloaded to disk")
 
 
 def add_selection_args(p: argparse.ArgumentParser) -> None:
@@ -101,7 +105,8 @@ def setup_torch(args) -> None:
 def load_from_args(args) -> LoadedModel:
     setup_torch(args)
     return load_model(args.model, device=args.device, dtype=args.dtype, seed=args.seed,
-                      num_layers=getattr(args, "num_layers", None))
+                      num_layers=getattr(args, "num_layers", None), max_memory=getattr(args, "max_memory", None),
+                      offload_dir=getattr(args, "offload_dir", None))
 
 
 def plan_from_args(args, lm: LoadedModel) -> Plan:

@@ -4,6 +4,8 @@ windows and items across processes."""
 
 from __future__ import annotations
 
+from orthorank.models.loading import check_context
+
 import argparse
 import time
 from pathlib import Path
@@ -11,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from orthorank import distributed as dist
-from orthorank.baselines.registry import SEARCH_METHODS
+from orthorank.methods import METHODS as _REGISTRY
 from orthorank.cli.calibrate import parse_sparsities
 from orthorank.cli.common import add_model_args, add_store_args, load_from_args, positive_int, store_from_args
 from orthorank.errors import UserError
@@ -25,7 +27,8 @@ from orthorank.method.plan import MATCH_RULES, Plan
 from orthorank.method.plan_store import find_plan, plan_file_method
 from orthorank.results import check_writable, write_json
 
-METHODS = ("dense", *SEARCH_METHODS)
+# compare takes the compute-matched names; --match adds the nominal OrthoRank rows
+METHODS = ("dense", *[n for n, m in _REGISTRY.items() if m.search is not None and m.match == "compute"])
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -118,6 +121,7 @@ def run(args) -> int:
     arch = Arch.from_config(lm.config, lm.num_layers)
     streams = {d: eval_stream(lm.tokenizer, d, t, args.seq_len) for d, t in texts.items()}
     windows = {d: make_windows(s, args.seq_len, args.max_windows) for d, s in streams.items()}
+    check_context(lm.model, args.seq_len)
     say = print if dist.is_main() else (lambda *a, **k: None)
     from orthorank.store import model_fingerprint
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from orthorank.models.loading import check_context
+
 import argparse
 import time
 
@@ -40,6 +42,7 @@ def run(args) -> int:
     plan = plan_from_args(args, lm)
     windows = make_windows(eval_stream(lm.tokenizer, args.dataset, text, args.seq_len), args.seq_len,
                            args.max_windows)
+    check_context(lm.model, args.seq_len)
     arch = Arch.from_config(lm.config, lm.num_layers)
     apply_plan(lm.model, plan)
     start = time.perf_counter()

@@ -15,7 +15,8 @@ from orthorank.cli.common import (
 from orthorank.errors import UserError
 from orthorank.evaluation.zeroshot.registry import ALL_TASKS, MAIN_TASKS, TASKS, resolve_tasks
 from orthorank.method.plan import Plan
-from orthorank.method.plan_store import PLAN_METHODS, find_plan
+from orthorank.method.plan_store import find_plan
+from orthorank.methods import searched
 from orthorank.models.loading import EMBEDDED_MODEL
 from orthorank.results import check_writable, write_json
 
@@ -31,7 +32,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "offline copies of the tasks read from ../shared/data. Tasks: " + ", ".join(ALL_TASKS)
                     + " (or main = the paper's five, all).")
     add_model_args(p)
-    add_plan_args(p, methods=("dense", "orthorank", "prune", *[m for m in PLAN_METHODS if m != "orthorank"]))
+    add_plan_args(p, methods=("dense", "prune", *searched()))
     p.add_argument("--sparsity", type=finite_float, default=None,
                    help="use the saved plan plans/<model>/<method>-<S>.json (from `orthorank calibrate`)")
     p.add_argument("--tasks", default=",".join(MAIN_TASKS), help="comma-separated harness task names, main, all "
@@ -65,7 +66,7 @@ def saved_plan_path(args) -> Path | None:
     if args.method == "dense":
         raise UserError("--method dense takes no --sparsity")
     if args.method == "prune":
-        raise UserError("with --sparsity, name the pruning method: " + ", ".join(PLAN_METHODS[1:]))
+        raise UserError("with --sparsity, name the searched method: " + ", ".join(searched()))
     return find_plan(expected_model_name(args.model), args.method, args.sparsity)
 
 

@@ -15,6 +15,7 @@ from orthorank.evaluation.stats import Interval, paired_perplexity_ratio, perple
 from orthorank.method.apply import apply_plan, restore_dense
 from orthorank.method.cost import Arch
 from orthorank.method.plan import Plan
+from orthorank.models.loading import input_device
 
 # Ablations of the paper, applied on the OrthoRank plan's own layers. The paper does not say whether the sink's
 # keys/values stay visible when bypassed tokens give none, so both variants are run.
@@ -102,7 +103,7 @@ def measure_speedups(model, rows: list[Row], window: torch.Tensor, repeats: int 
 
     plans = [Plan("dense", [], rows[0].plan.model, rows[0].plan.signature)] + [r.plan for r in rows]
     times: list[list[float]] = [[] for _ in plans]
-    batch = window.view(1, -1).to(next(model.parameters()).device)
+    batch = window.view(1, -1).to(input_device(model))
     for rep in range(repeats + 1):  # the first round warms up
         for i, plan in enumerate(plans):
             apply_plan(model, plan)

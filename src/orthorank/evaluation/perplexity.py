@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from orthorank.errors import UserError
+from orthorank.models.loading import input_device
 
 
 @dataclass
@@ -75,7 +76,7 @@ def window_nll(model: nn.Module, windows: torch.Tensor, batch_size: int = 1, pro
     """Summed NLL per window: [n_windows] (float64). Each window predicts seq_len - 1 tokens."""
     from tqdm.auto import tqdm
 
-    device = next(model.parameters()).device
+    device = input_device(model)
     out = []
     bar = tqdm(total=windows.shape[0], desc=desc, disable=not progress, leave=False, unit="win")
     for start in range(0, windows.shape[0], batch_size):
@@ -102,7 +103,7 @@ def perplexity_key(model: nn.Module, plan, dataset: str, stream: torch.Tensor, s
         "stream_tokens": int(stream.numel()),
         "seq_len": int(seq_len),
         "dtype": str(next(model.parameters()).dtype),
-        "device": next(model.parameters()).device.type,
+        "device": input_device(model).type,
         "code": code_version("perplexity"),
     }
 

@@ -1,4 +1,9 @@
-"""Apply a plan to a Hugging Face model in place, and restore it to dense."""
+"""Apply a plan to a Hugging Face model in place, and restore it to dense.
+
+OrthoRank leaves every module where it is: each selection layer's instance gets a `SelectiveLayer` as its forward
+(inside accelerate's hook where the model was dispatched), so state_dict keys, hooks and device placement stay the
+model's own. Layer removal swaps the decoder's layer list for the kept layers.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +12,14 @@ from typing import Any
 from torch import nn
 
 from orthorank.errors import UserError
-from orthorank.method.layer import OrthoRankLayer, SequenceContext
+from orthorank.method.attention import backend_for
+from orthorank.method.layer import SelectiveLayer, SequenceContext, current_forward, install_forward
 from orthorank.method.plan import Plan
 from orthorank.method.selection import SelectionConfig
 from orthorank.models.adapters import get_adapter
 
 _STATE = "_orthorank_state"
+_LAYER_ATTR = "_orthorank"
 
 
 def _begin(model: nn.Module) -> dict[str, Any]:
@@ -24,27 +31,35 @@ def _begin(model: nn.Module) -> dict[str, Any]:
         "num_hidden_layers": model.config.num_hidden_layers,
         "layer_types": getattr(model.config, "layer_types", None),
         "hooks": [],
+        "restores": [],
     }
     setattr(model, _STATE, state)
     return state
 
 
+def selective(layer: nn.Module) -> SelectiveLayer | None:
+    """The OrthoRank state installed on a decoder layer (None for a dense layer)."""
+    return getattr(layer, _LAYER_ATTR, None)
+
+
 def apply_orthorank(model: nn.Module, layers: list[int], config: SelectionConfig) -> nn.Module:
-    """Wrap the given decoder layers in token-selective OrthoRank layers."""
+    """Make the given decoder layers token-selective, in place."""
     adapter = get_adapter(model)
     restore_dense(model)
     original = adapter.layers(model)
     bad = [i for i in layers if not 0 <= i < len(original)]
     if bad:
         raise UserError(f"layer indices {bad} are out of range for a model with {len(original)} layers")
+    backend_for(getattr(model.config, "_attn_implementation", None))  # unsupported implementations fail here
     state = _begin(model)
     context = SequenceContext()
     state["hooks"].append(adapter.decoder(model).register_forward_pre_hook(context.capture, with_kwargs=True))
-    wrapped = nn.ModuleList(
-        OrthoRankLayer(layer, adapter, config, context, i) if i in set(layers) else layer
-        for i, layer in enumerate(original)
-    )
-    adapter.set_layers(model, wrapped)
+    for i in sorted(set(layers)):
+        layer = original[i]
+        sel = SelectiveLayer(layer, adapter, config, context, i, inner=current_forward(layer))
+        state["restores"].append(install_forward(layer, sel))
+        setattr(layer, _LAYER_ATTR, sel)
+        state["restores"].append(lambda layer=layer: delattr(layer, _LAYER_ATTR))
     return model
 
 
@@ -77,6 +92,8 @@ def restore_dense(model: nn.Module) -> nn.Module:
         return model
     for hook in state["hooks"]:
         hook.remove()
+    for undo in reversed(state["restores"]):
+        undo()
     for i, idx in state.get("attn_layer_idx", {}).items():
         state["layers"][i].self_attn.layer_idx = idx
     get_adapter(model).set_layers(model, state["layers"])

@@ -1,30 +1,30 @@
-"""A token-selective decoder layer that wraps a model's own layer and calls its submodules.
+"""OrthoRank on a decoder layer, installed on the layer instance: the model's modules stay where they are.
 
 Selected tokens get the full layer update; bypassed tokens leave the layer unchanged, but their keys and values
 are still computed (at their true positions) so that selected queries attend to every key and the KV cache stays
 complete.
 
+How it composes with transformers and accelerate: `SelectiveLayer` replaces the layer *instance's* forward (inside
+accelerate's hook where there is one), runs the family's own layer forward on the gathered selected rows, and for
+that call routes the attention module's forward to `selective_attention` (method/attention.py). So state_dict keys
+do not change, hooks on the layer and attention modules fire (output_hidden_states, output_attentions), and
+accelerate moves weights and inputs as for the dense layer.
+
 Cost: everything except the input norm, K/V projections and RoPE on K runs on the selected rows only.
-- Rows are gathered and written back with index_select / index_copy on the flattened [B*T, D] states: one
-  read of the kept rows each, and one out-of-place copy of the input (callers may still hold it).
 - With no padding and no cache (prefill), every row keeps the same K = ceil(ratio * T) tokens and the sink is
   position 0, so selection needs no device-to-host sync; facts that need one with padding (which rows are padded,
   the largest K) are computed once per forward for all selection layers (SequenceContext.facts).
-- Grouped-query attention folds the query heads of each KV head into the query axis ([B, Hkv, K*G, d]), so
-  K/V are never repeated and SDPA's masked kernels (which do not take GQA) need no fallback.
-- A subset of queries needs a mask (SDPA's is_causal aligns queries to the last keys). The selected queries are
-  in position order, so long sequences are attended in a few query chunks, each against only the keys up to its
-  last position: the masked work falls from K*S towards K*S/2, as for a causal dense layer.
 """
-
 from __future__ import annotations
 
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from orthorank.method.attention import backend_for, selective_attention
 from orthorank.method.selection import (
     SelectionConfig,
     keep_count,
@@ -113,37 +113,76 @@ class SequenceContext:
         return f
 
 
-def _rows(t: torch.Tensor, idx: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
-    """Rows of a [1 or B, T, C] tensor at idx [B, K] -> [B*K, C]; flat = idx + row offsets."""
-    if t.shape[0] == 1:
-        return t[0].index_select(0, idx.reshape(-1))
-    return t.reshape(-1, t.shape[-1]).index_select(0, flat)
+def _gather_rows(t: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """Rows of a [1 or B, T, C] tensor at idx [B, K] -> [B, K, C]."""
+    B, K = idx.shape
+    if t.shape[0] == 1 and B > 1:
+        return t[0].index_select(0, idx.reshape(-1)).view(B, K, -1)
+    return t.gather(1, idx.unsqueeze(-1).expand(B, K, t.shape[-1]))
 
 
-class OrthoRankLayer(nn.Module):
+def _cache_arg(kwargs: dict[str, Any]) -> Any:
+    # transformers >= 5.20 calls it `cache`; earlier releases `past_key_values`
+    return kwargs.get("cache", kwargs.get("past_key_values"))
+
+
+class NonFiniteHiddenStates(ValueError):
+    """A selection layer received NaN or inf: ranking tokens on them would be silent garbage."""
+
+
+def check_finite(scores: torch.Tensor, layer_index: int) -> None:
+    if scores.device.type == "cpu":
+        if not bool(torch.isfinite(scores).all()):
+            raise NonFiniteHiddenStates(
+                f"layer {layer_index}: hidden states contain NaN or inf; OrthoRank cannot rank tokens on them "
+                "(check the model's dtype and weights)")
+    else:  # no host sync on accelerators: a device-side assert
+        torch._assert_async(torch.isfinite(scores).all(), f"layer {layer_index}: NaN or inf in hidden states")
+
+
+class _RowCall:
+    """What one selective call hands its attention module: every token's attention input and RoPE, the selected
+    rows and positions, the cache and the model's mask."""
+
+    __slots__ = ("x", "pos_emb", "idx", "q_pos", "past", "cache", "mask4d", "key_keep", "padded")
+
+
+class SelectiveLayer:
+    """OrthoRank on one decoder layer, installed as that layer instance's forward (see apply.py).
+
+    It runs the family's own layer forward on the selected rows (so residuals, norms, MLP/MoE are the family's code
+    and every hook on the layer and its attention module fires) and routes the attention module to
+    `selective_attention` for that call: queries of the selected rows against every token's keys and values.
+    Bypassed rows leave the layer unchanged. With output_attentions (eager), selected rows report their weights;
+    bypassed rows report zeros.
+    """
+
     # Attention over long sequences runs in up to this many query chunks of at least min_chunk_keys keys each
     # (exact either way; more chunks skip more masked work but cost one small device-to-host copy per layer).
     max_attention_chunks = 4
     min_chunk_keys = 512
 
-    def __init__(
-        self,
-        layer: nn.Module,
-        adapter: FamilyAdapter,
-        config: SelectionConfig,
-        context: SequenceContext,
-        layer_index: int,
-    ) -> None:
-        super().__init__()
+    def __init__(self, layer: nn.Module, adapter: FamilyAdapter, config: SelectionConfig,
+                 context: SequenceContext, layer_index: int, inner: Callable[..., Any] | None = None) -> None:
         self.layer = layer
+        self.adapter = adapter
         self.config = config
         self.layer_index = layer_index
         self._context = context
-        self._rotate_half = adapter.rotate_half(layer)
+        # the forward this one replaces: the class's, or whatever an earlier patch installed
+        self.inner = inner if inner is not None else type(layer).forward.__get__(layer)
+        attn = layer.self_attn
+        self._window = adapter.sliding_window(attn)
+        self._softcap = adapter.softcap(attn)
         # Sink state and prefill cut-off per row, kept for chunks whose sink lies in the KV cache.
         self._sink_state: torch.Tensor | None = None
         self._cutoff: torch.Tensor | None = None
         self._last: tuple[torch.Tensor, torch.Tensor | None, int] | None = None
+
+    @property
+    def backend(self) -> str:
+        attn = self.layer.self_attn
+        return backend_for(getattr(attn.config, "_attn_implementation", None), self._softcap)
 
     @property
     def last_keep(self) -> torch.Tensor | None:
@@ -154,13 +193,10 @@ class OrthoRankLayer(nn.Module):
         keep = torch.zeros(idx.shape[0], T, dtype=torch.bool, device=idx.device)
         return keep.scatter_(1, idx, True if real is None else real)
 
-    def extra_repr(self) -> str:
+    def __repr__(self) -> str:
         c = self.config
-        return f"ratio={c.ratio}, criterion={c.criterion}, source={c.source}, order={c.order}, bypass_kv={c.bypass_kv}"
-
-    def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        # The family's formula, op for op (x * cos + rotate_half(x) * sin); cos/sin broadcast against x.
-        return x * cos + self._rotate_half(x) * sin
+        return (f"SelectiveLayer(layer={self.layer_index}, ratio={c.ratio}, criterion={c.criterion}, "
+                f"source={c.source}, order={c.order}, bypass_kv={c.bypass_kv}, decode={c.decode})")
 
     # -- selection -----------------------------------------------------------------------------------------------
 
@@ -169,6 +205,12 @@ class OrthoRankLayer(nn.Module):
         B, T, _ = h.shape
         facts = self._context.facts(B, T, past, h.device, self.config.ratio)
         return self._select(h, x, past, facts)
+
+    def _scores(self, src: torch.Tensor, sink: torch.Tensor, facts: _Facts, B: int, T: int, past: int):
+        cfg = self.config
+        scores = sink_scores(src, sink, cfg.criterion)
+        check_finite(scores if facts.valid is None else scores.masked_fill(~facts.valid, 0.0), self.layer_index)
+        return rank_keys(scores, cfg.order, self._random_draw(facts, B, T, past))
 
     def _select(self, h: torch.Tensor, x: torch.Tensor, past: int, facts: _Facts):
         cfg = self.config
@@ -182,14 +224,13 @@ class OrthoRankLayer(nn.Module):
             K = facts.kmax
             keys = None
             if K < T:
-                keys = rank_keys(sink_scores(src, sink, cfg.criterion), cfg.order, self._random_draw(facts, B, T, past))
+                keys = self._scores(src, sink, facts, B, T, past)
                 idx = top_k_indices(keys, K, sink_pos=0)
             else:
                 idx = torch.arange(T, device=h.device).expand(B, T)
             if cfg.decode == "threshold":
                 if keys is None:
-                    keys = rank_keys(sink_scores(src, sink, cfg.criterion), cfg.order,
-                                     self._random_draw(facts, B, T, past))
+                    keys = self._scores(src, sink, facts, B, T, past)
                 self._cutoff = keys.gather(1, idx).float().amax(dim=1)
             return idx, None
 
@@ -205,7 +246,7 @@ class OrthoRankLayer(nn.Module):
             return None  # sink unknown (cache built elsewhere): stay exact, run densely
         self._sink_state = sink
 
-        keys = rank_keys(sink_scores(src, sink, cfg.criterion), cfg.order, self._random_draw(facts, B, T, past))
+        keys = self._scores(src, sink, facts, B, T, past)
         if past > 0 and cfg.decode == "threshold" and self._cutoff is not None:
             keep = valid & (keys <= self._cutoff.unsqueeze(1))
             keep &= sink_pos.unsqueeze(1) != torch.arange(T, device=h.device)
@@ -226,129 +267,154 @@ class OrthoRankLayer(nn.Module):
         hashes = self._context.row_hashes(B, T, past, valid)
         seeds = [sequence_seed(self.config.seed, self.layer_index, hsh) for hsh in hashes]
         counts = [T] * B if valid is None else valid.sum(1).tolist()
-        return random_keys(counts, T, seeds, valid, self._device_of(facts))
-
-    @staticmethod
-    def _device_of(facts: _Facts) -> torch.device:
-        return facts.sink_pos.device
+        return random_keys(counts, T, seeds, valid, facts.sink_pos.device)
 
     # -- forward -------------------------------------------------------------------------------------------------
 
-    def forward(self, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    def __call__(self, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         layer, cfg = self.layer, self.config
         attn = layer.self_attn
         B, T, _ = hidden_states.shape
-        cache = kwargs.get("cache", kwargs.get("past_key_values"))
+        cache = _cache_arg(kwargs)
         past = int(cache.get_seq_length(attn.layer_idx)) if cache is not None else 0
         if past == 0:
             self._sink_state, self._cutoff = None, None
         if T == 1 and past > 0 and cfg.decode == "dense":
             self._last = None
-            return layer(hidden_states, *args, **kwargs)  # one new token: ceil(ratio * 1) = 1, the dense layer
+            return self.inner(hidden_states, *args, **kwargs)  # one new token: ceil(ratio * 1) = 1, the dense layer
 
-        x = layer.input_layernorm(hidden_states)
+        x = self.adapter.attention_input(layer, hidden_states)
+        src = self.adapter.score_input(hidden_states, x) if cfg.source == "normed" else hidden_states
         facts = self._context.facts(B, T, past, hidden_states.device, cfg.ratio)
-        sel = self._select(hidden_states, x, past, facts)
+        sel = self._select(hidden_states, src, past, facts)
         if sel is None:
             self._last = None
-            return layer(hidden_states, *args, **kwargs)
+            return self.inner(hidden_states, *args, **kwargs)
         idx, real = sel
         self._last = (idx, real, T)
-        mask4d = kwargs.get("attention_mask", args[0] if args else None)
-        return self._update(hidden_states, x, idx, real, past, cache, mask4d, kwargs["position_embeddings"])
 
-    def _update(self, h, x, idx, real, past, cache, mask4d, position_embeddings) -> torch.Tensor:
-        layer, cfg = self.layer, self.config
-        attn = layer.self_attn
-        B, T, D = h.shape
-        K = idx.shape[1]
-        hd = attn.head_dim
-        flat = (idx + torch.arange(0, B * T, T, device=h.device).unsqueeze(1)).reshape(-1)  # [B*K]
-        h2, x2 = h.reshape(B * T, D), x.reshape(B * T, D)
+        call = _RowCall()
+        call.x, call.idx, call.past, call.cache = x, idx, past, cache
+        call.q_pos = past + idx
+        call.padded = facts.padded
+        call.pos_emb = kwargs["position_embeddings"]
+        mask = kwargs.get("attention_mask", args[0] if args else None)
+        call.mask4d = mask if isinstance(mask, torch.Tensor) and mask.dim() == 4 else None
+        call.key_keep = self._key_keep(idx, real, B, T, past, facts, hidden_states.device)
 
-        # Keys and values of every token, at their true positions.
-        cos, sin = position_embeddings  # [B|1, T, d]
-        k = attn.k_proj(x).view(B, T, -1, hd)
-        v = attn.v_proj(x).view(B, T, -1, hd)
-        k = self._rope(k, cos.unsqueeze(2), sin.unsqueeze(2)).transpose(1, 2)  # [B, Hkv, T, d]
-        v = v.transpose(1, 2)
-        if cache is not None:
-            k, v = cache.update(k, v, attn.layer_idx)  # complete cache: every token's K/V
-        Hkv, S = k.shape[1], k.shape[2]
-
-        # Queries of the selected tokens only. RoPE runs on the contiguous [B*K, H, d] rows; for SDPA, the G query
-        # heads that share a KV head are then laid out next to each other along the query axis: [B, Hkv, K, G, d].
-        q = attn.q_proj(x2.index_select(0, flat))  # [B*K, H*d]
-        H = q.shape[-1] // hd
-        G = H // Hkv
-        q = self._rope(q.view(B * K, H, hd), _rows(cos, idx, flat).unsqueeze(1), _rows(sin, idx, flat).unsqueeze(1))
-        q = q.view(B, K, Hkv, G, hd).permute(0, 2, 1, 3, 4)  # a view; chunks are copied as SDPA needs them
-
-        key_keep = None
-        if not cfg.bypass_kv:
-            # Ablation: bypassed tokens of this chunk offer no keys/values (cached past tokens still do).
-            keep = torch.zeros(B, T, dtype=torch.bool, device=h.device).scatter_(
-                1, idx, True if real is None else real)
-            if cfg.sink_kv_visible:  # variant: the sink's keys/values stay visible although it is bypassed
-                sink_pos = self._context.facts(B, T, past, h.device, cfg.ratio).sink_pos
-                rows = torch.nonzero(sink_pos >= 0).squeeze(-1)
-                keep[rows, sink_pos[rows]] = True
-            key_keep = torch.cat([torch.ones(B, past, dtype=torch.bool, device=h.device), keep], dim=1)
-        model_mask = isinstance(mask4d, torch.Tensor) and mask4d.dim() == 4
-        if model_mask:
-            m = mask4d.expand(B, -1, -1, -1)
-            rows = m.gather(2, idx[:, None, :, None].expand(B, m.shape[1], K, m.shape[3]))[..., :S]
-            if rows.shape[1] != 1:  # a per-head mask (no HF model makes one): plain GQA layout, one call
-                return self._finish(h2, flat, real, B, T, self._attend_per_head(q, k, v, rows, key_keep))
-        q_pos = past + idx  # [B, K]
-
-        chunks = self._chunks(K, S)
-        if len(chunks) > 1:
-            ends = torch.stack([q_pos[:, a:b].amax() for a, b in chunks]).tolist()  # one sync per layer
-        else:
-            ends = [S - 1]
-        out = torch.empty((B, K, Hkv, G, hd), dtype=q.dtype, device=q.device)
-        for (a, b), last in zip(chunks, ends):
-            # Keys up to the chunk's last query position, rounded up to a multiple of 64 (aligned shapes for the
-            # kernels; the extra keys are masked anyway).
-            Sc = min(S, -(-(int(last) + 1) // 64) * 64)
-            if model_mask:
-                mask = rows[:, :, a:b, :Sc]
-            else:
-                mask = (torch.arange(Sc, device=h.device)[None, None, :] <= q_pos[:, a:b, None]).unsqueeze(1)
-            if key_keep is not None:
-                kk = key_keep[:, None, None, :Sc]
-                mask = mask & kk if mask.dtype == torch.bool else mask.masked_fill(~kk, torch.finfo(mask.dtype).min)
-            if G > 1:  # the mask row of a selected token serves its G query heads
-                mask = mask.unsqueeze(3).expand(B, 1, b - a, G, Sc).reshape(B, 1, (b - a) * G, Sc)
-            qc = q[:, :, a:b]  # [B, Hkv, Kc, G, d]
-            qc = qc.squeeze(3) if G == 1 else qc.reshape(B, Hkv, (b - a) * G, hd)
-            o = F.scaled_dot_product_attention(qc, k[:, :, :Sc], v[:, :, :Sc], attn_mask=mask, scale=attn.scaling)
-            out[:, a:b] = o.view(B, Hkv, b - a, G, hd).transpose(1, 2)
-        return self._finish(h2, flat, real, B, T, out.view(B * K, Hkv * G * hd))
-
-    def _chunks(self, K: int, S: int) -> list[tuple[int, int]]:
-        n = max(1, min(self.max_attention_chunks, S // max(1, self.min_chunk_keys), K // 16))
-        bounds = [round(i * K / n) for i in range(n + 1)]
-        return [(bounds[i], bounds[i + 1]) for i in range(n) if bounds[i + 1] > bounds[i]]
-
-    def _attend_per_head(self, q, k, v, mask, key_keep) -> torch.Tensor:
-        attn = self.layer.self_attn
-        B, Hkv, K, G, hd = q.shape
-        if key_keep is not None:
-            kk = key_keep[:, None, None, :]
-            mask = mask & kk if mask.dtype == torch.bool else mask.masked_fill(~kk, torch.finfo(mask.dtype).min)
-        qh = q.permute(0, 1, 3, 2, 4).reshape(B, Hkv * G, K, hd)  # q: [B, Hkv, K, G, d]
-        o = F.scaled_dot_product_attention(qh, k, v, attn_mask=mask, scale=attn.scaling, enable_gqa=G > 1)
-        return o.transpose(1, 2).reshape(B * K, Hkv * G * hd)
-
-    def _finish(self, h2, flat, real, B, T, attn_heads) -> torch.Tensor:
-        layer = self.layer
-        out = layer.self_attn.o_proj(attn_heads)  # [B*K, D]
-        h_sel = h2.index_select(0, flat)
-        h_new = h_sel + out
-        h_new = h_new + layer.mlp(layer.post_attention_layernorm(h_new))
+        # The family's layer forward on the selected rows only, at their own RoPE positions.
+        sel_kwargs = dict(kwargs)
+        cos, sin = call.pos_emb
+        sel_kwargs["position_embeddings"] = (_gather_rows(cos, idx), _gather_rows(sin, idx))
+        h_sel = _gather_rows(hidden_states, idx)  # [B, K, D]
+        with _routed(attn, self._attention_forward(call)):
+            out = self.inner(h_sel, *args, **sel_kwargs)
+        h_new = out[0] if isinstance(out, tuple) else out
         if real is not None:
             # Filler entries (rows with fewer kept tokens) write back their own unchanged state.
-            h_new = torch.where(real.reshape(-1, 1), h_new, h_sel)
-        return h2.index_copy(0, flat, h_new).view(B, T, -1)
+            h_new = torch.where(real.unsqueeze(-1), h_new, h_sel)
+        result = hidden_states.scatter(1, idx.unsqueeze(-1).expand_as(h_new), h_new)
+        return (result, *out[1:]) if isinstance(out, tuple) else result
+
+    def _key_keep(self, idx, real, B, T, past, facts, device) -> torch.Tensor | None:
+        """Ablation (bypass_kv=False): bypassed tokens of this chunk offer no keys/values (cached ones still do).
+        [B, past + T] bool, or None when every key stays."""
+        cfg = self.config
+        if cfg.bypass_kv:
+            return None
+        keep = torch.zeros(B, T, dtype=torch.bool, device=device).scatter_(1, idx, True if real is None else real)
+        if cfg.sink_kv_visible:  # variant: the sink's keys/values stay visible although it is bypassed
+            rows = torch.nonzero(facts.sink_pos >= 0).squeeze(-1)
+            keep[rows, facts.sink_pos[rows]] = True
+        return torch.cat([torch.ones(B, past, dtype=torch.bool, device=device), keep], dim=1)
+
+    def _attention_forward(self, call: _RowCall) -> Callable[..., Any]:
+        layer, adapter = self.layer, self.adapter
+        attn = layer.self_attn
+
+        def forward(hidden_states: torch.Tensor, *args: Any, **kwargs: Any):
+            # hidden_states: the attention input of the selected rows [B, K, D]; position_embeddings: theirs
+            cos_q, sin_q = kwargs.get("position_embeddings", args[0] if args else None)
+            q = adapter.rope(attn, adapter.queries(attn, hidden_states), cos_q, sin_q)  # [B, K, H, d]
+            k, v = adapter.keys_values(attn, call.x)  # [B, T, Hkv, d]
+            cos, sin = call.pos_emb
+            k = adapter.rope(attn, k, cos, sin).transpose(1, 2)
+            v = v.transpose(1, 2)
+            if call.cache is not None:
+                k, v = call.cache.update(k, v, attn.layer_idx)  # complete cache: every token's K/V
+            B, T = call.x.shape[:2]
+            S = k.shape[2]
+            k_offset = 0 if S >= call.past + T else call.past + T - S  # sliding caches keep the latest keys
+            mask = None
+            if call.mask4d is not None:
+                m = call.mask4d.expand(B, -1, -1, -1)
+                mask = m.gather(2, call.idx[:, None, :, None].expand(B, m.shape[1], call.idx.shape[1], m.shape[3]))
+                mask = mask[..., :S]
+            key_valid = self._key_valid(call, B, T, S, k_offset, mask is not None)
+            o, w = selective_attention(
+                q, call.q_pos, k, v, scale=attn.scaling, k_offset=k_offset, key_valid=key_valid,
+                window=self._window, softcap=self._softcap, mask=mask, backend=self.backend, attn_module=attn,
+                max_chunks=self.max_attention_chunks, min_chunk_keys=self.min_chunk_keys)
+            out = attn.o_proj(o)
+            if w is not None:  # rows that ran attention report their weights; bypassed rows report zeros
+                full = w.new_zeros(B, w.shape[1], T, w.shape[-1])
+                w = full.scatter(2, call.idx[:, None, :, None].expand_as(w), w)
+            return out, w
+
+        return forward
+
+    def _key_valid(self, call: _RowCall, B: int, T: int, S: int, k_offset: int, have_mask: bool):
+        """[B, S] bool or None: keys that may be attended apart from causality and the window."""
+        parts = [] if call.key_keep is None else [call.key_keep]
+        pad = self._context.attention_mask
+        if not have_mask and call.padded and pad is not None and pad.shape == (B, call.past + T):
+            # No 4-D mask from the model (SDPA's causal shortcut, flash's 2-D mask, flex's block mask): padding
+            # comes from the 2-D mask of past + current tokens that the context captured.
+            parts.append(pad.bool())
+        if not parts:
+            return None
+        valid = parts[0] if len(parts) == 1 else parts[0] & parts[1]
+        valid = valid[:, k_offset:k_offset + S]
+        if valid.shape[1] < S:  # static caches: unfilled slots lie beyond every query (causally masked anyway)
+            valid = F.pad(valid, (0, S - valid.shape[1]), value=False)
+        return valid
+
+
+@contextmanager
+def _routed(module: nn.Module, forward: Callable[..., Any]):
+    """Run `module` with `forward` for one call, inside any accelerate hook (which keeps its own `_old_forward`)."""
+    with patched_forward(module, forward):
+        yield
+
+
+@contextmanager
+def patched_forward(module: nn.Module, forward: Callable[..., Any]):
+    restore = install_forward(module, forward)
+    try:
+        yield
+    finally:
+        restore()
+
+
+def install_forward(module: nn.Module, forward: Callable[..., Any]) -> Callable[[], None]:
+    """Replace the instance's forward (keeping class, hooks and state_dict keys), composing with accelerate: where
+    its hook wraps forward, replace the `_old_forward` it calls. Returns a function that undoes it."""
+    attr = "_old_forward" if hasattr(module, "_hf_hook") and hasattr(module, "_old_forward") else "forward"
+    had = attr in module.__dict__
+    previous = module.__dict__.get(attr)
+    setattr(module, attr, forward)
+
+    def restore() -> None:
+        if had:
+            setattr(module, attr, previous)
+        else:
+            delattr(module, attr)
+
+    return restore
+
+
+def current_forward(module: nn.Module) -> Callable[..., Any]:
+    """The forward an installed replacement should call through to."""
+    if hasattr(module, "_hf_hook") and hasattr(module, "_old_forward"):
+        return module._old_forward
+    return module.__dict__.get("forward") or type(module).forward.__get__(module)

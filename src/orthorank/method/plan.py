@@ -25,7 +25,7 @@ DEFAULT_COST_SEQ_LEN = 2048
 
 def layers_for_sparsity(sparsity: float, num_layers: int, method: str, ratio: float = 0.33, *,
                         match: str = "nominal", arch: Arch | None = None,
-                        seq_len: int = DEFAULT_COST_SEQ_LEN) -> int:
+                        seq_len: int = DEFAULT_COST_SEQ_LEN, inner_only: bool = True) -> int:
     """Layers a method changes at a sparsity level. Pruning removes ceil(s * L) layers (as SLEB does). OrthoRank
     selects tokens in round(s * L / (1 - ratio)) layers under match="nominal" (the paper's rule), or in the fewest
     layers whose compute sparsity reaches pruning's under match="compute" (needs `arch`)."""
@@ -43,9 +43,11 @@ def layers_for_sparsity(sparsity: float, num_layers: int, method: str, ratio: fl
         raise ValueError("match='compute' needs the model's architecture")
     target = compute_sparsity(arch, seq_len, "prune", removed)
     n = selection_layers_to_match(arch, seq_len, target, ratio)
-    if n > num_layers - 2:
+    room = num_layers - 2 if inner_only else num_layers  # searches never touch the first and last layer
+    if n > room:
         raise UserError(f"sparsity {sparsity:g} needs {n} selection layers at ratio {ratio:g} to match pruning's "
-                        f"compute, more than the {num_layers - 2} inner layers; lower the sparsity or the ratio")
+                        f"compute, more than the {room} {'inner ' if inner_only else ''}layers; lower the sparsity "
+                        "or the ratio")
     return n
 
 

@@ -9,14 +9,17 @@ from orthorank.errors import UserError
 from orthorank.method.plan import check_sparsity
 
 PLANS_DIR = "plans"
-# File-name method labels of the stored plans (a plan file's own "method" field is orthorank or prune).
-PLAN_METHODS = ("orthorank", "sleb", "shortened-ppl", "shortgpt", "orthorank-nominal")
 
 
 def plan_file_method(search: str, match: str = "compute") -> str:
     """The file-name label of a search's plans: OrthoRank plans matched by the paper's nominal rule are kept apart
     from the default compute-matched ones (orthorank-nominal-0.2.json vs orthorank-0.2.json)."""
-    return f"{search}-nominal" if search == "orthorank" and match == "nominal" else search
+    from orthorank.methods import METHODS
+
+    for m in METHODS.values():
+        if m.search == search and m.match == match:
+            return m.plan_label
+    return search
 _SAFE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
 
 

@@ -74,12 +74,91 @@ def embedded_gguf_path() -> Path:
     return path
 
 
-def _finish(model: nn.Module, device: torch.device) -> nn.Module:
+def _finish(model: nn.Module, device: torch.device, max_memory: dict[str, str] | None = None,
+            offload_dir: str | None = None) -> nn.Module:
     get_adapter(model)  # unsupported families fail here, before any work
-    model.to(device)
     model.eval()
     model.requires_grad_(False)
+    if max_memory:
+        return dispatch(model, device, max_memory, offload_dir)
+    model.to(device)
     return model
+
+
+def parse_max_memory(text: str | None, device: torch.device) -> dict[str, str] | None:
+    """"cuda=10GiB,cpu=20GiB" -> accelerate's max_memory ({device index or "cpu"/"disk": size}); "cuda" is this
+    process's GPU (under torchrun, each rank's own)."""
+    if not text:
+        return None
+    out: dict = {}
+    for part in text.split(","):
+        key, sep, size = part.partition("=")
+        key, size = key.strip(), size.strip()
+        if not sep or not size:
+            raise UserError(f"--max-memory takes device=size pairs such as cuda=10GiB,cpu=20GiB; got {part!r}")
+        if key == "cuda":
+            key = device.index if device.type == "cuda" and device.index is not None else 0
+        elif key not in ("cpu", "disk") and not key.isdigit():
+            raise UserError(f"--max-memory: unknown device {key!r} (use cuda, cpu or disk)")
+        out[int(key) if isinstance(key, str) and key.isdigit() else key] = size
+    return out
+
+
+def _bytes(size: str) -> int:
+    from accelerate.utils import convert_file_size_to_int
+
+    try:
+        return int(convert_file_size_to_int(size))
+    except (ValueError, TypeError):
+        raise UserError(f"--max-memory: cannot read the size {size!r} (e.g. 10GiB, 500MB)") from None
+
+
+def layer_device_map(model: nn.Module, device: torch.device, max_memory: dict) -> dict[str, Any]:
+    """Whole decoder layers in order on the GPU (this process's), then the CPU, then disk, within the budgets;
+    embeddings, final norm and head stay on the first device."""
+    adapter = get_adapter(model)
+    names = {id(m): n for n, m in model.named_modules()}
+    layers = list(adapter.layers(model))
+    layer_names = [names[id(layer)] for layer in layers]  # e.g. model.layers.3
+    tiers: list[tuple[Any, int]] = []
+    if device.type == "cuda":
+        tiers.append((device.index or 0, _bytes(max_memory.get(device.index or 0, "0"))))
+    tiers.append(("cpu", _bytes(max_memory["cpu"]) if "cpu" in max_memory else (0 if device.type == "cuda" else 1 << 62)))
+    first = tiers[0][0]
+    device_map: dict[str, Any] = {}
+
+    def size(mod: nn.Module) -> int:
+        return sum(t.numel() * t.element_size() for t in mod.state_dict().values())
+
+    used = {k: 0 for k, _ in tiers}
+    decoder, layer_list = adapter.decoder(model), adapter.layers(model)
+    rest = [(n, c) for n, c in model.named_children() if c is not decoder]
+    rest += [(f"{names[id(decoder)]}.{n}", c) for n, c in decoder.named_children() if c is not layer_list]
+    for n, child in rest:
+        device_map[n] = first
+        used[first] += size(child)
+    for n, layer in zip(layer_names, layers):
+        need = size(layer)
+        for key, budget in tiers:
+            if used[key] + need <= budget:
+                device_map[n], used[key] = key, used[key] + need
+                break
+        else:
+            device_map[n] = "disk"
+    return device_map
+
+
+def dispatch(model: nn.Module, device: torch.device, max_memory: dict, offload_dir: str | None) -> nn.Module:
+    """Spread the model over GPU, CPU and disk with accelerate, whole decoder layers at a time."""
+    from accelerate import dispatch_model
+
+    device_map = layer_device_map(model, device, max_memory)
+    if "disk" in device_map.values() and not offload_dir:
+        raise UserError("the model does not fit --max-memory without disk offload; pass --offload-dir FOLDER")
+    if offload_dir and int(os.environ.get("WORLD_SIZE", "1")) > 1:  # each torchrun process writes its own copy
+        offload_dir = os.path.join(offload_dir, f"rank{os.environ.get('RANK', '0')}")
+    return dispatch_model(model, device_map=device_map, offload_dir=offload_dir,
+                          main_device=str(device) if device.type == "cuda" else "cpu")
 
 
 def load_model(
@@ -89,6 +168,8 @@ def load_model(
     dtype: str | torch.dtype | None = None,
     num_layers: int | None = None,
     seed: int = 0,
+    max_memory: str | dict | None = None,
+    offload_dir: str | None = None,
 ) -> LoadedModel:
     """`spec`: "smollm2-135m" (embedded), a shape name (random weights), a local folder, or a hub id."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -97,6 +178,8 @@ def load_model(
     hf_logging.set_verbosity_error()
     dev = torch.device(device) if device is not None else default_device()
     torch_dtype = resolve_dtype(dtype, dev)
+    if isinstance(max_memory, str):
+        max_memory = parse_max_memory(max_memory, dev)
 
     if spec in SHAPES:
         torch.manual_seed(seed)
@@ -104,7 +187,7 @@ def load_model(
         config._attn_implementation = "sdpa"
         with dev:
             model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype)
-        return LoadedModel(_finish(model, dev), None, spec, dev)
+        return LoadedModel(_finish(model, dev, max_memory, offload_dir), None, spec, dev)
 
     if num_layers is not None:
         raise UserError("--num-layers applies only to random-weight shapes: " + ", ".join(SHAPES))
@@ -150,4 +233,24 @@ def load_model(
         ) from None
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    return LoadedModel(_finish(model, dev), tokenizer, name, dev)
+    return LoadedModel(_finish(model, dev, max_memory, offload_dir), tokenizer, name, dev)
+
+
+def check_context(model: nn.Module, n_tokens: int) -> None:
+    """A clear error for inputs longer than the model's context (positions beyond it are untrained)."""
+    limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if limit is not None and n_tokens > limit:
+        raise UserError(f"{n_tokens} tokens exceed the model's context of {limit} tokens; use a shorter "
+                        "--seq-len or input")
+
+
+def input_device(model: nn.Module) -> torch.device:
+    """Where a model's inputs go: its parameters' device, or for a model dispatched by accelerate the device of
+    its embedding (CPU when that is offloaded: the hooks move inputs and weights)."""
+    device_map = getattr(model, "hf_device_map", None)
+    if device_map:
+        first = next(iter(device_map.values()))
+        if isinstance(first, int):
+            return torch.device("cuda", first)
+        return torch.device(first) if first not in ("disk", "meta") else torch.device("cpu")
+    return next(model.parameters()).device

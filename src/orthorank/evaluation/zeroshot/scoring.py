@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from orthorank.errors import UserError
+from orthorank.models.loading import input_device
 
 CHUNK_ITEMS = 32  # items per store entry: an interrupted run loses at most this many items
 
@@ -36,9 +37,16 @@ class TaskItems:
     data_digest: str
 
 
-def load_tasks(names: list[str], limit: int | None, data_dir) -> dict[str, TaskItems]:
+def _load_task_dict(names: list[str], manager) -> dict:
+    """Task name -> Task, through TaskManager.load where the harness has it (get_task_dict is deprecated there)."""
+    if hasattr(manager, "load"):
+        return manager.load(names)["tasks"]
     from lm_eval.tasks import get_task_dict
 
+    return get_task_dict(names, manager)
+
+
+def load_tasks(names: list[str], limit: int | None, data_dir) -> dict[str, TaskItems]:
     from orthorank.evaluation.zeroshot.convert import resolve_data_dir
     from orthorank.evaluation.zeroshot.registry import TASKS, tasks_dir
     from orthorank.evaluation.zeroshot.runner import _quiet_harness, task_manager
@@ -46,7 +54,7 @@ def load_tasks(names: list[str], limit: int | None, data_dir) -> dict[str, TaskI
     root = resolve_data_dir(data_dir)
     out = {}
     with _quiet_harness():
-        tdict = get_task_dict([TASKS[n].offline for n in names], task_manager(root))
+        tdict = _load_task_dict([TASKS[n].offline for n in names], task_manager(root))
     for n in names:
         spec = TASKS[n]
         task = tdict[spec.offline]
@@ -88,7 +96,7 @@ def loglikelihoods(model, pairs: list[tuple[list[int], list[int]]], batch_size: 
 
     Inputs are (context + continuation)[:-1], left-truncated to max_length as the harness does, right-padded with an
     attention mask; the LM head runs only on the continuation positions. Longest first, so batches are tight."""
-    device = next(model.parameters()).device
+    device = input_device(model)
     seqs = []
     for ctx, cont in pairs:
         full = (ctx + cont)
@@ -145,7 +153,7 @@ def zeroshot_key(model, plan, items: TaskItems, fingerprint: str) -> dict:
     from orthorank.store import code_version
 
     return {"model": fingerprint, "plan": plan.content_hash(), "task": items.name, "data": items.data_digest,
-            "dtype": str(next(model.parameters()).dtype), "device": next(model.parameters()).device.type,
+            "dtype": str(next(model.parameters()).dtype), "device": input_device(model).type,
             "code": code_version("zeroshot")}
 
 

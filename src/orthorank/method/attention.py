@@ -1,0 +1,186 @@
+"""Selective attention on plain tensors: the queries of some rows, at their true positions, against every key.
+
+    selective_attention(q, q_pos, k, v, scale=..., k_offset=..., key_valid=..., window=..., softcap=...,
+                        mask=..., backend="sdpa" | "eager" | "flex")
+
+q [B, K, H, d] (rows in position order), q_pos [B, K] absolute positions, k/v [B, Hkv, S, d] whose first key sits
+at absolute position k_offset (0, or more when a sliding-window cache keeps only the latest keys). A query sees
+key j when k_offset + j <= its position, the key is valid (not padding, not an ablated bypassed token) and, with a
+window w, its position minus the key's is below w. `mask` ([B, 1, K, S], bool or additive) replaces the causal,
+window and padding part with rows of the model's own 4-D mask where the model built one. Returns [B, K, H*d], and
+for the eager backend the attention weights [B, H, K, S].
+
+Backends, by the model's attention implementation (see BACKENDS): masked SDPA (grouped-query heads folded into
+the query axis, long sequences in a few query chunks against only the keys up to each chunk's last position),
+eager (the family's own eager function: soft-capping, weights for output_attentions), FlexAttention (a block
+mask built from the positions). A flash-attention model's selective layers use SDPA math on its 2-D padding mask.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from orthorank.errors import UserError
+
+# model attention implementation -> selective backend (flash models: SDPA math, the same masking semantics)
+BACKENDS: dict[str, str] = {
+    "sdpa": "sdpa",
+    "eager": "eager",
+    "flex_attention": "flex",
+    "flash_attention_2": "sdpa",
+}
+
+
+def backend_for(attn_implementation: str | None, softcap: float | None = None) -> str:
+    impl = attn_implementation or "sdpa"
+    if impl not in BACKENDS:
+        raise UserError(f"attention implementation {impl!r} is not supported by OrthoRank's selective layers; "
+                        f"use one of: {', '.join(BACKENDS)}")
+    backend = BACKENDS[impl]
+    if softcap and impl == "flash_attention_2":
+        backend = "eager"  # flash applies soft-capping; SDPA cannot
+    return backend
+
+
+def allowed_keys(q_pos: torch.Tensor, S: int, k_offset: int = 0, key_valid: torch.Tensor | None = None,
+                 window: int | None = None) -> torch.Tensor:
+    """[B, 1, K, S] bool: which keys each selected query may attend to."""
+    k_pos = torch.arange(k_offset, k_offset + S, device=q_pos.device)
+    m = k_pos[None, None, :] <= q_pos[:, :, None]
+    if window is not None:
+        m = m & (q_pos[:, :, None] - k_pos[None, None, :] < window)
+    if key_valid is not None:
+        m = m & key_valid[:, None, :]
+    return m.unsqueeze(1)
+
+
+def _and_keys(mask: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
+    if keep is None:
+        return mask
+    kk = keep[:, None, None, : mask.shape[-1]]
+    return mask & kk if mask.dtype == torch.bool else mask.masked_fill(~kk, torch.finfo(mask.dtype).min)
+
+
+def selective_attention(
+    q: torch.Tensor,
+    q_pos: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    scale: float,
+    k_offset: int = 0,
+    key_valid: torch.Tensor | None = None,
+    window: int | None = None,
+    softcap: float | None = None,
+    mask: torch.Tensor | None = None,
+    backend: str = "sdpa",
+    attn_module: nn.Module | None = None,
+    max_chunks: int = 4,
+    min_chunk_keys: int = 512,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    if backend == "sdpa":
+        return _sdpa(q, q_pos, k, v, scale, k_offset, key_valid, window, mask, max_chunks, min_chunk_keys), None
+    if backend == "eager":
+        return _eager(q, q_pos, k, v, scale, k_offset, key_valid, window, softcap, mask, attn_module)
+    if backend == "flex":
+        return _flex(q, q_pos, k, v, scale, k_offset, key_valid, window, softcap, mask), None
+    raise UserError(f"unknown selective-attention backend {backend!r}; choose from sdpa, eager, flex")
+
+
+def _chunks(K: int, S: int, max_chunks: int, min_chunk_keys: int) -> list[tuple[int, int]]:
+    n = max(1, min(max_chunks, S // max(1, min_chunk_keys), K // 16))
+    bounds = [round(i * K / n) for i in range(n + 1)]
+    return [(bounds[i], bounds[i + 1]) for i in range(n) if bounds[i + 1] > bounds[i]]
+
+
+def _sdpa(q, q_pos, k, v, scale, k_offset, key_valid, window, mask, max_chunks, min_chunk_keys) -> torch.Tensor:
+    B, K, H, hd = q.shape
+    Hkv, S = k.shape[1], k.shape[2]
+    G = H // Hkv
+    if mask is not None and mask.shape[1] != 1:  # a per-head mask (no HF model makes one): plain GQA layout
+        m = _and_keys(mask, key_valid)
+        o = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=m, scale=scale, enable_gqa=G > 1)
+        return o.transpose(1, 2).reshape(B, K, H * hd)
+    # The G query heads that share a KV head sit next to each other along the query axis: [B, Hkv, K, G, d], so
+    # K/V are never repeated and the masked kernels (which take no GQA) need no fallback.
+    qg = q.view(B, K, Hkv, G, hd).permute(0, 2, 1, 3, 4)
+    chunks = _chunks(K, S, max_chunks, min_chunk_keys)
+    if len(chunks) > 1:
+        ends = torch.stack([q_pos[:, a:b].amax() for a, b in chunks]).tolist()  # one sync per layer
+    else:
+        ends = [k_offset + S - 1]
+    out = torch.empty((B, K, Hkv, G, hd), dtype=q.dtype, device=q.device)
+    for (a, b), last in zip(chunks, ends):
+        # Keys up to the chunk's last query position, rounded up to a multiple of 64 (aligned shapes for the
+        # kernels; the extra keys are masked anyway).
+        Sc = min(S, -(-(int(last) - k_offset + 1) // 64) * 64)
+        if mask is not None:
+            m = _and_keys(mask[:, :, a:b, :Sc], key_valid)
+        else:
+            m = allowed_keys(q_pos[:, a:b], Sc, k_offset, None if key_valid is None else key_valid[:, :Sc], window)
+        if G > 1:  # the mask row of a selected token serves its G query heads
+            m = m.unsqueeze(3).expand(B, 1, b - a, G, Sc).reshape(B, 1, (b - a) * G, Sc)
+        qc = qg[:, :, a:b]
+        qc = qc.squeeze(3) if G == 1 else qc.reshape(B, Hkv, (b - a) * G, hd)
+        o = F.scaled_dot_product_attention(qc, k[:, :, :Sc], v[:, :, :Sc], attn_mask=m, scale=scale)
+        out[:, a:b] = o.view(B, Hkv, b - a, G, hd).transpose(1, 2)
+    return out.view(B, K, H * hd)
+
+
+def _eager(q, q_pos, k, v, scale, k_offset, key_valid, window, softcap, mask, attn_module):
+    B, K, H, hd = q.shape
+    S = k.shape[2]
+    if mask is not None:
+        m = _and_keys(mask[..., :S], key_valid)
+    else:
+        m = allowed_keys(q_pos, S, k_offset, key_valid, window)
+    if m.dtype == torch.bool:
+        m = torch.zeros(m.shape, dtype=q.dtype, device=q.device).masked_fill_(~m, torch.finfo(q.dtype).min)
+    eager = _family_eager(attn_module)
+    kwargs = {"softcap": softcap} if softcap else {}
+    o, w = eager(attn_module, q.transpose(1, 2), k, v, m, dropout=0.0, scaling=scale, **kwargs)
+    return o.reshape(B, K, H * hd), w
+
+
+def _family_eager(attn_module: nn.Module | None) -> Callable:
+    """The family's own eager attention function (soft-capping and dtype rules as the dense model has them)."""
+    mod = sys.modules[type(attn_module).__module__] if attn_module is not None else None
+    fn = getattr(mod, "eager_attention_forward", None)
+    if fn is None:
+        from transformers.models.llama.modeling_llama import eager_attention_forward as fn
+    return fn
+
+
+def _flex(q, q_pos, k, v, scale, k_offset, key_valid, window, softcap, mask) -> torch.Tensor:
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    B, K, H, hd = q.shape
+    Hkv, S = k.shape[1], k.shape[2]
+    if mask is not None:  # the model's own 4-D rows (rare under flex: a user-supplied mask)
+        allowed = _and_keys(mask[..., :S], key_valid)
+        if allowed.dtype != torch.bool:
+            allowed = allowed > torch.finfo(allowed.dtype).min / 2
+    else:
+        allowed = allowed_keys(q_pos, S, k_offset, key_valid, window)
+    allowed = allowed[:, 0]
+
+    def mask_mod(b, h, qi, kj):
+        return allowed[b, qi, kj]
+
+    score_mod = None
+    if softcap:
+        def score_mod(score, b, h, qi, kj):
+            return torch.tanh(score / softcap) * softcap
+
+    block = create_block_mask(mask_mod, B, None, K, S, device=q.device)
+    with warnings.catch_warnings():  # uncompiled flex runs its reference math: exact, and fine for a few rows
+        warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
+        o = flex_attention(q.transpose(1, 2), k, v, score_mod=score_mod, block_mask=block, scale=scale,
+                           enable_gqa=H != Hkv)
+    return o.transpose(1, 2).reshape(B, K, H * hd)

@@ -1,0 +1,68 @@
+"""One registry of method names, read by every command (calibrate, compare, ppl, zeroshot, bench).
+
+A method says what kind of plan it makes (dense, token selection or layer removal), how its layers are found
+(a calibration search, the paper's rule, or evenly spread for speed measurements), how many layers a sparsity
+takes, where its saved plans live, and what its plans cost. Adding a method is adding an entry here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from orthorank.errors import UserError
+from orthorank.method.cost import Arch
+from orthorank.method.plan import DEFAULT_COST_SEQ_LEN, layers_for_sparsity
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    plan_kind: str  # "dense", "orthorank" (token selection) or "prune" (layer removal)
+    reference: str
+    search: str | None = None  # key in baselines.registry.SEARCHES: the calibration search that finds the layers
+    match: str = "compute"  # layer-count rule against pruning: "compute" (FLOPs) or "nominal" (the paper's)
+    layers: str = "plan"  # "plan" (saved plan from the search), "spread" (evenly spread: speed only), "none"
+
+    @property
+    def plan_label(self) -> str:
+        """The file-name label of its saved plans: plans/<model>/<label>-<sparsity>.json."""
+        return self.name
+
+    def layer_count(self, sparsity: float, num_layers: int, ratio: float, arch: Arch | None = None,
+                    seq_len: int = DEFAULT_COST_SEQ_LEN) -> int:
+        if self.plan_kind == "dense":
+            return 0
+        return layers_for_sparsity(sparsity, num_layers, self.plan_kind, ratio, match=self.match, arch=arch,
+                                   seq_len=seq_len)
+
+
+METHODS: dict[str, Method] = {m.name: m for m in (
+    Method("dense", "dense", "the unchanged model", layers="none"),
+    Method("orthorank", "orthorank", "Shin et al. 2025 (SLEB-style greedy layer choice), compute-matched",
+           search="orthorank"),
+    Method("orthorank-nominal", "orthorank", "Shin et al. 2025, layer count by the paper's nominal sparsity",
+           search="orthorank", match="nominal"),
+    Method("sleb", "prune", "Song et al. 2024 (greedy block removal)", search="sleb"),
+    Method("shortened-ppl", "prune", "Kim et al. 2024 (one-shot PPL criterion)", search="shortened-ppl"),
+    Method("shortgpt", "prune", "Men et al. 2024 (Block Influence)", search="shortgpt"),
+    Method("spread-orthorank", "orthorank", "token selection in evenly spread layers (speed measurements)",
+           layers="spread"),
+    Method("spread-prune", "prune", "removal of evenly spread layers (speed measurements)", layers="spread"),
+)}
+
+
+def names(where: Callable[[Method], bool] = lambda m: True) -> list[str]:
+    return [n for n, m in METHODS.items() if where(m)]
+
+
+def searched() -> list[str]:
+    """Methods whose layers come from a calibration search (they have saved plans)."""
+    return names(lambda m: m.search is not None)
+
+
+def get_method(name: str, allowed: list[str] | None = None) -> Method:
+    choices = allowed if allowed is not None else list(METHODS)
+    if name not in choices:
+        raise UserError(f"unknown method {name!r}; choose one of {', '.join(choices)}")
+    return METHODS[name]

@@ -1,0 +1,129 @@
+"""Every supported decoder family, on tiny random models built from transformers' own configs, under every
+attention implementation: ratio 1.0 equals dense, a selective layer equals the naive reference, cached generation
+equals uncached, left-padded rows equal single rows, and the layer search's runner agrees with the model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import ZOO, tiny_model
+from orthorank.baselines.search import StackRunner
+from orthorank.method.apply import apply_orthorank, prune_layers, restore_dense, selective
+from orthorank.method.selection import SelectionConfig
+
+IMPLS = ["sdpa", "eager", "flex_attention"]
+ATOL = 2e-5
+
+
+def _model(family: str, attn: str, **kw):
+    try:
+        return tiny_model(family, attn=attn, **kw)
+    except ValueError as e:  # the family itself refuses this implementation (Gemma 2 and SDPA)
+        if "does not support" in str(e):
+            pytest.skip(f"{family} does not support {attn}")
+        raise
+
+
+def _ids(B: int = 2, T: int = 40, seed: int = 1) -> torch.Tensor:
+    return torch.randint(3, 128, (B, T), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("attn", IMPLS)
+@pytest.mark.parametrize("family", list(ZOO))
+def test_ratio_one_equals_dense_logits_and_hidden_states(family, attn):
+    m = _model(family, attn)
+    ids = _ids()
+    dense = m(ids, output_hidden_states=True)
+    keys = list(m.state_dict())
+    apply_orthorank(m, list(range(m.config.num_hidden_layers)), SelectionConfig(ratio=1.0))
+    out = m(ids, output_hidden_states=True)
+    assert bool(selective(m.model.layers[1]).last_keep.all())  # the selective path ran
+    assert list(m.state_dict()) == keys
+    assert len(out.hidden_states) == len(dense.hidden_states) == m.config.num_hidden_layers + 1
+    for a, b in zip(out.hidden_states, dense.hidden_states):
+        torch.testing.assert_close(a, b, atol=ATOL, rtol=1e-4)
+    torch.testing.assert_close(out.logits, dense.logits, atol=ATOL, rtol=1e-4)
+
+
+def _layer_io(m, i: int, ids: torch.Tensor, **kw):
+    seen = {}
+
+    def grab(module, args, kwargs, output):
+        seen["h"] = args[0] if args else kwargs["hidden_states"]
+        seen["kwargs"] = {k: v for k, v in kwargs.items() if k != "hidden_states"}
+        seen["out"] = output[0] if isinstance(output, tuple) else output
+
+    handle = m.model.layers[i].register_forward_hook(grab, with_kwargs=True)
+    m(ids, use_cache=False, **kw)
+    handle.remove()
+    return seen
+
+
+@pytest.mark.parametrize("attn", IMPLS)
+@pytest.mark.parametrize("family", list(ZOO))
+def test_selective_layer_equals_naive_reference(family, attn):
+    """Naive reference: the full dense layer on every token, keeping only the selected rows' updates."""
+    m = _model(family, attn)
+    ids = _ids()
+    i = 2
+    apply_orthorank(m, [i], SelectionConfig(ratio=0.4))
+    seen = _layer_io(m, i, ids)
+    keep = selective(m.model.layers[i]).last_keep
+    assert 0 < int(keep[0].sum()) < ids.shape[1]
+    restore_dense(m)
+    dense_out = m.model.layers[i](seen["h"], **seen["kwargs"])
+    ref = torch.where(keep.unsqueeze(-1), dense_out, seen["h"])
+    torch.testing.assert_close(seen["out"], ref, atol=ATOL, rtol=1e-4)
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("family", list(ZOO))
+@pytest.mark.parametrize("change", ["orthorank-1.0", "prune"])
+def test_cached_generation_equals_uncached(family, attn, change):
+    m = _model(family, attn)
+    if change == "prune":
+        prune_layers(m, [1])
+    else:
+        apply_orthorank(m, [1, 2], SelectionConfig(ratio=1.0, decode="threshold"))
+    ids = _ids(1, 12)
+    cached = m.generate(ids, use_cache=True, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    seq = ids
+    for _ in range(6):  # uncached: the whole sequence again at every step
+        seq = torch.cat([seq, m(seq, use_cache=False).logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+    assert torch.equal(cached, seq)
+
+
+@pytest.mark.parametrize("attn", IMPLS)
+@pytest.mark.parametrize("family", list(ZOO))
+def test_left_padded_rows_equal_single_rows(family, attn):
+    m = _model(family, attn)
+    apply_orthorank(m, [1, 2], SelectionConfig(ratio=0.4))
+    rows = [_ids(1, 40, seed=3)[0], _ids(1, 23, seed=4)[0]]
+    T = max(len(r) for r in rows)
+    ids = torch.zeros(2, T, dtype=torch.long)
+    mask = torch.zeros(2, T, dtype=torch.long)
+    for b, r in enumerate(rows):
+        ids[b, T - len(r):], mask[b, T - len(r):] = r, 1
+    batched = m(ids, attention_mask=mask, use_cache=False).logits
+    for b, r in enumerate(rows):
+        single = m(r[None], use_cache=False).logits[0]
+        torch.testing.assert_close(batched[b, T - len(r):], single, atol=ATOL, rtol=1e-4)
+
+
+@pytest.mark.parametrize("attn", IMPLS)
+@pytest.mark.parametrize("family", list(ZOO))
+def test_search_runner_agrees_with_the_model(family, attn):
+    m = _model(family, attn)
+    windows = _ids(2, 40, seed=5)
+    runner = StackRunner(m, windows, batch_size=2)
+    dense_loss = runner.cache({})
+    ref = float(torch.nn.functional.cross_entropy(
+        m(windows, use_cache=False).logits[:, :-1].reshape(-1, 128), windows[:, 1:].reshape(-1)))
+    assert dense_loss == pytest.approx(ref, rel=1e-5)
+    cfg = SelectionConfig(ratio=0.4)
+    loss = runner.loss_with({2: runner.wrap(2, cfg)}, start=2)
+    apply_orthorank(m, [2], cfg)
+    ref = float(torch.nn.functional.cross_entropy(
+        m(windows, use_cache=False).logits[:, :-1].reshape(-1, 128), windows[:, 1:].reshape(-1)))
+    assert loss == pytest.approx(ref, rel=1e-5)

@@ -1,0 +1,233 @@
+"""HF-native behaviour and hard inputs: hooks, output_hidden_states/attentions, state_dict keys, accelerate
+dispatch with offload, odd shapes and paddings, errors, StaticCache, and property tests against the reference."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conftest import tiny_model
+from orthorank.errors import UserError
+from orthorank.method.apply import apply_orthorank, prune_layers, restore_dense, selective
+from orthorank.method.layer import NonFiniteHiddenStates
+from orthorank.method.selection import SelectionConfig, tokens_to_keep
+
+ATOL = 2e-5
+
+
+def _ids(B, T, seed=1):
+    return torch.randint(3, 128, (B, T), generator=torch.Generator().manual_seed(seed))
+
+
+def test_hooks_fire_and_hidden_state_count():
+    m = tiny_model()
+    calls = {"layer": 0, "attn": 0}
+    m.model.layers[1].register_forward_hook(lambda *a: calls.__setitem__("layer", calls["layer"] + 1))
+    m.model.layers[1].self_attn.register_forward_hook(lambda *a: calls.__setitem__("attn", calls["attn"] + 1))
+    apply_orthorank(m, [1, 2], SelectionConfig(ratio=0.33))
+    out = m(_ids(1, 20), output_hidden_states=True)
+    assert len(out.hidden_states) == 5 and calls == {"layer": 1, "attn": 1}
+    assert torch.equal(out.hidden_states[2], out.hidden_states[2])  # layer 1's output is recorded
+    restore_dense(m)
+    assert "forward" not in m.model.layers[1].__dict__ and selective(m.model.layers[1]) is None
+
+
+def test_output_attentions_report_selected_rows():
+    m = tiny_model(attn="eager")
+    ids = _ids(1, 20)
+    dense = m(ids, output_attentions=True).attentions[1]
+    apply_orthorank(m, [1], SelectionConfig(ratio=0.4))
+    att = m(ids, output_attentions=True).attentions[1]
+    keep = selective(m.model.layers[1]).last_keep[0]
+    assert att.shape == dense.shape
+    torch.testing.assert_close(att[0, :, keep], dense[0, :, keep], atol=ATOL, rtol=1e-4)
+    assert not att[0, :, ~keep].any()  # bypassed rows ran no attention: zeros
+
+
+def test_accelerate_dispatch_with_offload_equals_undispatched(tmp_path):
+    from accelerate import dispatch_model
+
+    ref = tiny_model()
+    ids = _ids(2, 24)
+    cfg = SelectionConfig(ratio=0.4)
+    apply_orthorank(ref, [1, 2], cfg)
+    expected = ref(ids).logits
+    m = tiny_model()
+    device_map = {"model.embed_tokens": "cpu", "model.layers.0": "cpu", "model.layers.1": "cpu",
+                  "model.layers.2": "disk", "model.layers.3": "cpu", "model.norm": "cpu",
+                  "model.rotary_emb": "cpu", "lm_head": "cpu"}
+    dispatch_model(m, device_map=device_map, offload_dir=str(tmp_path), main_device="cpu")
+    assert hasattr(m.model.layers[2], "_hf_hook")
+    apply_orthorank(m, [1, 2], cfg)  # installs inside accelerate's hook
+    torch.testing.assert_close(m(ids).logits, expected, atol=ATOL, rtol=1e-4)
+    restore_dense(m)
+    apply_orthorank(ref, [], cfg)
+    torch.testing.assert_close(m(ids).logits, ref(ids).logits, atol=ATOL, rtol=1e-4)
+
+
+def test_plan_applied_before_dispatch_also_works(tmp_path):
+    from accelerate import cpu_offload
+
+    ref = tiny_model()
+    ids = _ids(1, 24)
+    cfg = SelectionConfig(ratio=0.4)
+    apply_orthorank(ref, [2], cfg)
+    m = tiny_model()
+    apply_orthorank(m, [2], cfg)
+    cpu_offload(m, execution_device=torch.device("cpu"))
+    torch.testing.assert_close(m(ids).logits, ref(ids).logits, atol=ATOL, rtol=1e-4)
+
+
+@pytest.mark.parametrize("T", [1, 2, 3])
+def test_tiny_inputs(T):
+    """A single token, and inputs shorter than K = ceil(r T): the layer runs (every token or the sink alone)."""
+    m = tiny_model()
+    ids = _ids(1, T)
+    dense = m(ids).logits
+    apply_orthorank(m, [1, 2], SelectionConfig(ratio=0.5))
+    out = m(ids).logits
+    assert torch.isfinite(out).all()
+    if T == 1:
+        torch.testing.assert_close(out, dense, atol=ATOL, rtol=1e-4)
+
+
+def test_all_padding_row_and_one_real_token():
+    m = tiny_model()
+    apply_orthorank(m, [1, 2], SelectionConfig(ratio=0.33))
+    ids = _ids(3, 16)
+    mask = torch.ones(3, 16, dtype=torch.long)
+    mask[1] = 0  # all padding
+    mask[2, :-1] = 0  # one real token, many pads
+    out = m(ids, attention_mask=mask).logits
+    assert torch.isfinite(out[0]).all() and torch.isfinite(out[2, -1]).all()
+    single = m(ids[2:, -1:]).logits[0, -1]
+    torch.testing.assert_close(out[2, -1], single, atol=ATOL, rtol=1e-4)
+    alone = m(ids[:1]).logits[0]
+    torch.testing.assert_close(out[0], alone, atol=ATOL, rtol=1e-4)
+
+
+def test_input_longer_than_context_is_a_clear_error():
+    from orthorank.models.loading import check_context
+
+    m = tiny_model(max_position_embeddings=32)
+    with pytest.raises(UserError, match="context"):
+        check_context(m, 40)
+    check_context(m, 32)
+
+
+def test_bad_layers_and_ratios():
+    m = tiny_model()
+    with pytest.raises(UserError, match="out of range"):
+        apply_orthorank(m, [4], SelectionConfig())
+    with pytest.raises(UserError, match="out of range"):
+        prune_layers(m, [-1])
+    with pytest.raises(UserError):
+        SelectionConfig(ratio=0.0)
+    ids = _ids(1, 10)
+    dense = m(ids).logits
+    apply_orthorank(m, [0, 1, 2, 3], SelectionConfig(ratio=1.0))
+    torch.testing.assert_close(m(ids).logits, dense, atol=ATOL, rtol=1e-4)
+
+
+def test_unsupported_attention_implementation():
+    m = tiny_model()
+    m.config._attn_implementation = "paged|sdpa"
+    with pytest.raises(UserError, match="attention implementation"):
+        apply_orthorank(m, [1], SelectionConfig())
+
+
+def test_nan_hidden_states_are_a_clear_error():
+    m = tiny_model()
+    apply_orthorank(m, [2], SelectionConfig(ratio=0.33))
+    with torch.no_grad():
+        m.model.layers[1].mlp.down_proj.weight[0, 0] = float("nan")
+    with pytest.raises(NonFiniteHiddenStates, match="layer 2"):
+        m(_ids(1, 12))
+
+
+def test_two_plans_on_two_instances_used_alternately():
+    a, b = tiny_model(seed=0), tiny_model(seed=0)
+    ids = _ids(2, 20)
+    apply_orthorank(a, [1], SelectionConfig(ratio=0.33))
+    apply_orthorank(b, [2], SelectionConfig(ratio=0.5, order="inverse"))
+    ra, rb = a(ids).logits, b(ids).logits
+    for _ in range(2):
+        torch.testing.assert_close(b(ids).logits, rb, atol=0, rtol=0)
+        torch.testing.assert_close(a(ids).logits, ra, atol=0, rtol=0)
+    assert not torch.allclose(ra, rb)
+
+
+def test_static_cache_generation_equals_dynamic():
+    m = tiny_model()
+    apply_orthorank(m, [1, 2], SelectionConfig(ratio=0.5, decode="dense"))
+    ids = _ids(1, 12)
+    kw = dict(max_new_tokens=5, do_sample=False, pad_token_id=0)
+    dynamic = m.generate(ids, **kw)
+    static = m.generate(ids, cache_implementation="static", **kw)
+    assert torch.equal(dynamic, static)
+
+
+# -- properties against the naive reference -----------------------------------------------------------------------
+
+_MODELS: dict[int, torch.nn.Module] = {}
+
+
+def _model_with_kv(kv_heads: int):
+    if kv_heads not in _MODELS:
+        _MODELS[kv_heads] = tiny_model(num_key_value_heads=kv_heads, layers=2)
+    return _MODELS[kv_heads]
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(kv_heads=st.sampled_from([1, 2, 4]), B=st.integers(1, 3), T=st.integers(1, 48),
+       ratio=st.floats(0.05, 1.0), pads=st.lists(st.integers(0, 47), min_size=3, max_size=3),
+       seed=st.integers(0, 2**16))
+def test_property_selective_layer_equals_reference(kv_heads, B, T, ratio, pads, seed):
+    m = _model_with_kv(kv_heads)
+    restore_dense(m)
+    ids = _ids(B, T, seed)
+    mask = torch.ones(B, T, dtype=torch.long)
+    for b in range(B):
+        mask[b, : min(pads[b], T - 1)] = 0  # left padding, at least one real token per row
+    apply_orthorank(m, [1], SelectionConfig(ratio=ratio))
+    seen = {}
+
+    def grab(module, args, kwargs, output):
+        seen.update(h=args[0] if args else kwargs["hidden_states"], kw=kwargs, out=output)
+
+    handle = m.model.layers[1].register_forward_hook(grab, with_kwargs=True)
+    try:
+        m(ids, attention_mask=mask, use_cache=False)
+    finally:
+        handle.remove()
+    sel = selective(m.model.layers[1])
+    keep = sel.last_keep
+    if keep is None:
+        return
+    dense_out = sel.inner(seen["h"], **seen["kw"])
+    ref = torch.where(keep.unsqueeze(-1), dense_out, seen["h"])
+    real = mask.bool()
+    torch.testing.assert_close(seen["out"][real], ref[real], atol=5e-5, rtol=1e-4)
+    n = real.sum(1)
+    assert torch.equal(keep.sum(1), tokens_to_keep(n, ratio)) and not keep[~real].any()
+    assert all(math.ceil(ratio * int(c) - 1e-9) >= 1 for c in n)
+
+
+def test_cli_offload_to_disk_equals_in_memory(tiny_hf_folder, tmp_path):
+    from orthorank.models.loading import load_model
+
+    a = load_model(str(tiny_hf_folder), device="cpu")
+    b = load_model(str(tiny_hf_folder), device="cpu", max_memory="cpu=25400KB", offload_dir=str(tmp_path))
+    assert "disk" in set(b.model.hf_device_map.values())
+    ids = _ids(2, 16)
+    for lm in (a, b):
+        apply_orthorank(lm.model, [1, 2], SelectionConfig(ratio=0.4))
+    torch.testing.assert_close(b.model(ids).logits, a.model(ids).logits, atol=ATOL, rtol=1e-4)
+    with pytest.raises(UserError, match="offload-dir"):
+        load_model(str(tiny_hf_folder), device="cpu", max_memory="cpu=25400KB")
+    with pytest.raises(UserError, match="device=size"):
+        load_model(str(tiny_hf_folder), device="cpu", max_memory="lots")
