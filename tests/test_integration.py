@@ -55,3 +55,32 @@ def test_orthorank_costs_some_perplexity(embedded):
     sel = perplexity(lm.model, windows).perplexity
     restore_dense(lm.model)
     assert math.isfinite(sel) and sel > dense
+
+
+def test_committed_plan_keeps_the_models_own_behaviour(embedded):
+    """The embedded model under its committed 20% plan: all 30 + 1 hidden states, unchanged state_dict keys,
+    states before the first selection layer equal to the dense model's, and forward hooks firing."""
+    from pathlib import Path
+
+    from orthorank.method import Plan, apply_plan
+
+    lm, _ = embedded
+    model, tok = lm.model, lm.tokenizer
+    ids = tok("The first token is an attention sink; the others drift towards it as depth grows.",
+              return_tensors="pt").input_ids
+    keys = list(model.state_dict())
+    dense = model(ids, output_hidden_states=True).hidden_states
+    plan = Plan.load(Path(__file__).resolve().parents[1] / "plans/smollm2-135m/orthorank-0.2.json")
+    fired = []
+    handle = model.model.layers[plan.layers[0]].register_forward_hook(lambda *a: fired.append(1))
+    try:
+        apply_plan(model, plan)
+        out = model(ids, output_hidden_states=True).hidden_states
+        assert len(out) == 31 and list(model.state_dict()) == keys and fired == [1]
+        first = min(plan.layers)
+        for i in range(first + 1):
+            torch.testing.assert_close(out[i], dense[i])
+        assert not torch.allclose(out[-1], dense[-1])
+    finally:
+        handle.remove()
+        restore_dense(model)

@@ -10,8 +10,6 @@ from orthorank.method.apply import selective
 from conftest import tiny_model
 from orthorank.errors import UserError
 from orthorank.method import SelectionConfig, apply_orthorank, prune_layers, restore_dense
-from orthorank.method.attention import _chunks
-from orthorank.method.layer import SelectiveLayer
 from orthorank.method.selection import keep_to_indices, tokens_to_keep, topk_keep_mask
 
 ATOL = 1e-5

@@ -231,3 +231,24 @@ def test_cli_offload_to_disk_equals_in_memory(tiny_hf_folder, tmp_path):
         load_model(str(tiny_hf_folder), device="cpu", max_memory="cpu=25400KB")
     with pytest.raises(UserError, match="device=size"):
         load_model(str(tiny_hf_folder), device="cpu", max_memory="lots")
+
+
+def test_threshold_decode_skips_tokens_but_keeps_the_cache_complete():
+    m = tiny_model()
+    apply_orthorank(m, [1, 2], SelectionConfig(ratio=0.3, decode="threshold"))
+    ids = _ids(2, 24)
+    skipped = []
+    sel = selective(m.model.layers[2])
+    orig = sel._select
+
+    def spy(*a, **k):
+        out = orig(*a, **k)
+        if out is not None and out[0].shape[1] == 0:
+            skipped.append(1)
+        return out
+
+    sel._select = spy
+    out = m.generate(ids, max_new_tokens=12, do_sample=False, pad_token_id=0, return_dict_in_generate=True)
+    cache = out.past_key_values if getattr(out, "past_key_values", None) is not None else out.cache
+    assert all(cache.get_seq_length(i) == 24 + 11 for i in range(4))
+    assert torch.isfinite(out.sequences.float()).all() and skipped  # some new tokens bypassed layer 2

@@ -255,7 +255,7 @@ def test_orthorank_plan_batches_with_a_mask_and_equals_batch_size_one(tiny_lm):
     from lm_eval.models.huggingface import HFLM
 
     from orthorank.evaluation.zeroshot.backend import OrthoRankLM
-    from orthorank.method.apply import apply_plan, restore_dense, selective
+    from orthorank.method.apply import apply_plan, restore_dense
 
     dense = [lp for lp, _ in loglikelihoods(OrthoRankLM(tiny_lm, batch_size=4))]
     plan = Plan("orthorank", [1, 2], tiny_lm.name, tiny_lm.signature())

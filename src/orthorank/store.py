@@ -31,6 +31,8 @@ _MODEL_MODULES = ("method/selection.py", "method/attention.py", "method/layer.py
 NUMERIC_MODULES = {
     "perplexity": _MODEL_MODULES + ("evaluation/perplexity.py",),
     "zeroshot": _MODEL_MODULES + ("evaluation/zeroshot/scoring.py", "evaluation/zeroshot/convert.py"),
+    "longctx": _MODEL_MODULES + ("evaluation/generation.py", "evaluation/longctx.py", "evaluation/longctx_suite.py",
+                                 "evaluation/longbench.py"),
 }
 
 

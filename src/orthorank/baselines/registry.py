@@ -3,7 +3,6 @@ an ordered list of layers."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Callable
 

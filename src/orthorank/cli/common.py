@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import argparse
 import math
+from pathlib import Path
 
 import torch
 
 from orthorank.errors import UserError
-from orthorank.method.plan import Plan, check_sparsity, parse_layers
+from orthorank.method.plan import Plan, parse_layers
+from orthorank.method.plan_store import find_plan
 from orthorank.method.selection import CRITERIA, DECODE_MODES, ORDERS, SOURCES, SelectionConfig
+from orthorank.methods import searched
 from orthorank.models.loading import EMBEDDED_MODEL, LoadedModel, load_model
 
 
@@ -56,10 +59,14 @@ def add_selection_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--decode", choices=DECODE_MODES, default=None, help="behaviour when decoding one token")
 
 
-def add_plan_args(p: argparse.ArgumentParser, methods=("dense", "orthorank", "prune")) -> None:
+def add_plan_args(p: argparse.ArgumentParser, methods=("dense", "orthorank", "prune"),
+                  saved: bool = False) -> None:
     p.add_argument("--method", choices=methods, default="dense")
     p.add_argument("--layers", default=None, help="comma-separated layer indices, e.g. 3,5,7")
     p.add_argument("--plan", default=None, help="JSON plan file (from `orthorank calibrate`)")
+    if saved:
+        p.add_argument("--sparsity", type=finite_float, default=None,
+                       help="use the saved plan plans/<model>/<method>-<S>.json (from `orthorank calibrate`)")
     add_selection_args(p)
 
 
@@ -127,3 +134,46 @@ def plan_from_args(args, lm: LoadedModel) -> Plan:
     layers = parse_layers(args.layers, lm.num_layers)
     selection = selection_from_args(args) if args.method == "orthorank" else None
     return Plan(args.method, layers, lm.name, lm.signature(), selection=selection)
+
+
+# -- saved plans by method and sparsity (zeroshot, generate, longctx) ----------------------------------------------
+
+
+def expected_model_name(spec: str) -> str:
+    """The name load_model will give `spec` (what plans record), known before loading it."""
+    return Path(spec).resolve().name if spec != EMBEDDED_MODEL and Path(spec).is_dir() else spec
+
+
+def saved_plan_path(args) -> Path | None:
+    """For --method M --sparsity S: the saved plan file, found before the model is loaded."""
+    if args.sparsity is None:
+        return None
+    if args.plan:
+        raise UserError("give either --plan or --method with --sparsity, not both")
+    if args.layers:
+        raise UserError("--sparsity picks a saved plan; it does not combine with --layers")
+    if args.method == "dense":
+        raise UserError("--method dense takes no --sparsity")
+    if args.method == "prune":
+        raise UserError("with --sparsity, name the searched method: " + ", ".join(searched()))
+    return find_plan(expected_model_name(args.model), args.method, args.sparsity)
+
+
+def check_plan_args(args) -> None:
+    """Plan options that cannot work, found before the model is loaded."""
+    if args.sparsity is None and args.method != "dense" and not args.plan and not (
+            args.layers and args.method in ("orthorank", "prune")):
+        extra = " or --layers" if args.method in ("orthorank", "prune") else ""
+        raise UserError(f"--method {args.method} needs --sparsity S (a saved plan), --plan FILE{extra}")
+
+
+def plan_for(args, lm, saved: Path | None) -> Plan:
+    """--plan FILE, --method M --sparsity S (saved plan), or --method/--layers as in other commands."""
+    if saved is not None:
+        plan = Plan.load(saved)
+        plan.check_model(lm.name, lm.signature())
+        overrides = (args.ratio, args.criterion, args.source, args.order, args.decode)
+        if plan.method == "orthorank" and (any(v is not None for v in overrides) or args.no_bypass_kv):
+            plan.selection = selection_from_args(args, plan.selection)
+        return plan
+    return plan_from_args(args, lm)

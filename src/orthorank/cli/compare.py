@@ -10,7 +10,7 @@ import argparse
 import time
 from pathlib import Path
 
-import numpy as np
+
 
 from orthorank import distributed as dist
 from orthorank.methods import METHODS as _REGISTRY

@@ -17,6 +17,8 @@ COMMAND_MODULES = [
     "orthorank.cli.calibrate",
     "orthorank.cli.compare",
     "orthorank.cli.zeroshot",
+    "orthorank.cli.generate",
+    "orthorank.cli.longctx",
 ]
 
 

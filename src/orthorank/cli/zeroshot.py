@@ -5,19 +5,16 @@ from __future__ import annotations
 
 import argparse
 import time
-from pathlib import Path
 
 import numpy as np
 
 from orthorank.cli.common import (
-    add_model_args, add_output_args, add_plan_args, finite_float, load_from_args, plan_from_args, positive_int,
+    add_model_args, add_output_args, add_plan_args, check_plan_args, load_from_args, plan_for, positive_int,
+    saved_plan_path,
 )
 from orthorank.errors import UserError
 from orthorank.evaluation.zeroshot.registry import ALL_TASKS, MAIN_TASKS, TASKS, resolve_tasks
-from orthorank.method.plan import Plan
-from orthorank.method.plan_store import find_plan
 from orthorank.methods import searched
-from orthorank.models.loading import EMBEDDED_MODEL
 from orthorank.results import check_writable, write_json
 
 
@@ -32,9 +29,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "offline copies of the tasks read from ../shared/data. Tasks: " + ", ".join(ALL_TASKS)
                     + " (or main = the paper's five, all).")
     add_model_args(p)
-    add_plan_args(p, methods=("dense", "prune", *searched()))
-    p.add_argument("--sparsity", type=finite_float, default=None,
-                   help="use the saved plan plans/<model>/<method>-<S>.json (from `orthorank calibrate`)")
+    add_plan_args(p, methods=("dense", "prune", *searched()), saved=True)
     p.add_argument("--tasks", default=",".join(MAIN_TASKS), help="comma-separated harness task names, main, all "
                    f"(default: {','.join(MAIN_TASKS)})")
     p.add_argument("--limit", type=positive_int, default=None, help="evaluate the first N examples of each task")
@@ -48,43 +43,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
     add_store_args(p)
     p.set_defaults(func=run)
-
-
-def expected_model_name(spec: str) -> str:
-    """The name load_model will give `spec` (what plans record), known before loading it."""
-    return Path(spec).resolve().name if spec != EMBEDDED_MODEL and Path(spec).is_dir() else spec
-
-
-def saved_plan_path(args) -> Path | None:
-    """For --method M --sparsity S: the saved plan file, found before the model is loaded."""
-    if args.sparsity is None:
-        return None
-    if args.plan:
-        raise UserError("give either --plan or --method with --sparsity, not both")
-    if args.layers:
-        raise UserError("--sparsity picks a saved plan; it does not combine with --layers")
-    if args.method == "dense":
-        raise UserError("--method dense takes no --sparsity")
-    if args.method == "prune":
-        raise UserError("with --sparsity, name the searched method: " + ", ".join(searched()))
-    return find_plan(expected_model_name(args.model), args.method, args.sparsity)
-
-
-def check_plan_args(args) -> None:
-    """Plan options that cannot work, found before the model is loaded."""
-    if args.sparsity is None and args.method != "dense" and not args.plan and not (
-            args.layers and args.method in ("orthorank", "prune")):
-        extra = " or --layers" if args.method in ("orthorank", "prune") else ""
-        raise UserError(f"--method {args.method} needs --sparsity S (a saved plan), --plan FILE{extra}")
-
-
-def plan_for(args, lm, saved: Path | None) -> Plan:
-    """--plan FILE, --method M --sparsity S (saved plan), or --method/--layers as in other commands."""
-    if saved is not None:
-        plan = Plan.load(saved)
-        plan.check_model(lm.name, lm.signature())
-        return plan
-    return plan_from_args(args, lm)
 
 
 def run(args) -> int:

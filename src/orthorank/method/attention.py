@@ -173,10 +173,10 @@ def _flex(q, q_pos, k, v, scale, k_offset, key_valid, window, softcap, mask) -> 
     def mask_mod(b, h, qi, kj):
         return allowed[b, qi, kj]
 
-    score_mod = None
-    if softcap:
-        def score_mod(score, b, h, qi, kj):
-            return torch.tanh(score / softcap) * softcap
+    def softcapped(score, b, h, qi, kj):
+        return torch.tanh(score / softcap) * softcap
+
+    score_mod = softcapped if softcap else None
 
     block = create_block_mask(mask_mod, B, None, K, S, device=q.device)
     with warnings.catch_warnings():  # uncompiled flex runs its reference math: exact, and fine for a few rows

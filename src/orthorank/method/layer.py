@@ -292,6 +292,11 @@ class SelectiveLayer:
             return self.inner(hidden_states, *args, **kwargs)
         idx, real = sel
         self._last = (idx, real, T)
+        if idx.shape[1] == 0:  # threshold decode kept no token: write its keys/values, leave its state as it is
+            if cache is not None:
+                k, v = self._keys_values(x, kwargs["position_embeddings"])
+                cache.update(k, v, attn.layer_idx)
+            return hidden_states
 
         call = _RowCall()
         call.x, call.idx, call.past, call.cache = x, idx, past, cache
@@ -328,6 +333,13 @@ class SelectiveLayer:
             keep[rows, facts.sink_pos[rows]] = True
         return torch.cat([torch.ones(B, past, dtype=torch.bool, device=device), keep], dim=1)
 
+    def _keys_values(self, x: torch.Tensor, pos_emb) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every token's keys (RoPE at its true position) and values: [B, Hkv, T, d] each."""
+        attn = self.layer.self_attn
+        k, v = self.adapter.keys_values(attn, x)
+        cos, sin = pos_emb
+        return self.adapter.rope(attn, k, cos, sin).transpose(1, 2), v.transpose(1, 2)
+
     def _attention_forward(self, call: _RowCall) -> Callable[..., Any]:
         layer, adapter = self.layer, self.adapter
         attn = layer.self_attn
@@ -336,10 +348,7 @@ class SelectiveLayer:
             # hidden_states: the attention input of the selected rows [B, K, D]; position_embeddings: theirs
             cos_q, sin_q = kwargs.get("position_embeddings", args[0] if args else None)
             q = adapter.rope(attn, adapter.queries(attn, hidden_states), cos_q, sin_q)  # [B, K, H, d]
-            k, v = adapter.keys_values(attn, call.x)  # [B, T, Hkv, d]
-            cos, sin = call.pos_emb
-            k = adapter.rope(attn, k, cos, sin).transpose(1, 2)
-            v = v.transpose(1, 2)
+            k, v = self._keys_values(call.x, call.pos_emb)  # [B, Hkv, T, d]
             if call.cache is not None:
                 k, v = call.cache.update(k, v, attn.layer_idx)  # complete cache: every token's K/V
             B, T = call.x.shape[:2]
