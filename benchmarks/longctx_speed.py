@@ -1,0 +1,108 @@
+"""Memory and speed at length (issue: long inputs): peak memory of one prefill for dense, SLEB and OrthoRank at
+2k, 4k and 8k tokens, and time to first token and decode tokens/s per method and decode policy at 4k.
+
+Each measurement runs in a fresh process (peak RSS is a per-process high-water mark); the peak above the loaded
+model is reported. Writes JSON with versions, device and git commit.
+
+    .venv/bin/python benchmarks/longctx_speed.py --threads 1 --out benchmarks/results/longctx-speed
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+ROWS = {"dense": None, "sleb": "sleb-0.2.json", "orthorank": "orthorank-0.2.json"}
+
+
+def one(method: str, length: int, decode: str, new_tokens: int, threads: int, dtype: str) -> dict:
+    import torch
+
+    from orthorank.evaluation.data import load_eval_text
+    from orthorank.evaluation.generation import generate_rows
+    from orthorank.method.apply import apply_plan
+    from orthorank.method.plan import Plan
+    from orthorank.models.loading import load_model
+
+    torch.set_num_threads(threads)
+    lm = load_model("smollm2-135m", device="cpu", dtype=dtype)
+    ids = lm.tokenizer(load_eval_text("wikitext2")[:200_000]).input_ids[:length]
+    if ROWS[method]:
+        plan = Plan.load(ROOT / "plans/smollm2-135m" / ROWS[method])
+        if plan.method == "orthorank":
+            from dataclasses import replace
+
+            plan = replace(plan, selection=replace(plan.selection, decode=decode))
+        apply_plan(lm.model, plan)
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        lm.model(torch.tensor([ids]), use_cache=True)
+    prefill_s = time.perf_counter() - t0
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    out = {"method": method, "length": length, "decode": decode, "prefill_s": prefill_s,
+           "peak_above_model_mb": (peak - base) / 1024.0}
+    if new_tokens:
+        _, timing = generate_rows(lm, [ids], new_tokens)
+        out.update(time_to_first_token_s=timing["time_to_first_token_s"],
+                   decode_tokens_per_s=timing["decode_tokens_per_s"])
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--lengths", default="2048,4096,8192")
+    p.add_argument("--speed-length", type=int, default=4096)
+    p.add_argument("--new-tokens", type=int, default=32)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--out", default=str(ROOT / "benchmarks/results/longctx-speed"))
+    p.add_argument("--one", nargs=3, metavar=("METHOD", "LENGTH", "DECODE"), help=argparse.SUPPRESS)
+    p.add_argument("--gen", type=int, default=0, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.one:
+        m, n, d = args.one
+        print(json.dumps(one(m, int(n), d, args.gen, args.threads, args.dtype)))
+        return 0
+    runs = []
+    lengths = [int(x) for x in args.lengths.split(",")]
+    jobs = [(m, n, "dense", 0) for n in lengths for m in ROWS]
+    jobs += [(m, args.speed_length, d, args.new_tokens) for m in ROWS
+             for d in (("dense", "threshold") if m == "orthorank" else ("dense",))]
+    for m, n, d, gen in jobs:
+        cmd = [sys.executable, __file__, "--one", m, str(n), d, "--gen", str(gen), "--threads", str(args.threads),
+               "--dtype", args.dtype]
+        res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT,
+                             env={**__import__("os").environ, "PYTHONPATH": str(ROOT / "src")})
+        if res.returncode != 0:
+            print(res.stderr[-2000:], file=sys.stderr)
+            return 1
+        row = json.loads(res.stdout.strip().splitlines()[-1])
+        runs.append(row)
+        print(json.dumps(row), flush=True)
+    sys.path.insert(0, str(ROOT / "src"))
+    from orthorank.results import write_json
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / "longctx-speed.json", {"command": "longctx_speed", "threads": args.threads,
+                                            "dtype": args.dtype, "runs": runs}, overwrite=True)
+    lines = ["| method | decode | length | prefill s | peak above model (MB) | time to first token s | decode tok/s |",
+             "|---|---|---|---|---|---|---|"]
+    for r in runs:
+        lines.append(f"| {r['method']} | {r['decode']} | {r['length']} | {r['prefill_s']:.2f} | "
+                     f"{r['peak_above_model_mb']:.0f} | {r.get('time_to_first_token_s', float('nan')):.2f} | "
+                     f"{r.get('decode_tokens_per_s') or float('nan'):.1f} |")
+    (out / "longctx-speed.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
