@@ -64,7 +64,7 @@ def method_specs(methods: list[str], num_layers: int, sparsity: float, selection
         method = get_method(name)
         kind = method.plan_kind
         if kind == "dense":
-            specs.append(MethodSpec(name, kind, []))
+            specs.append(MethodSpec(name, kind, [], source="-"))
             continue
         spec = MethodSpec(name, kind, [], selection=selection if kind == "orthorank" else None)
         override = [(path, plan) for path, plan in plans if plan.method == kind]
