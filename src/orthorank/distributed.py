@@ -80,6 +80,10 @@ def barrier() -> None:
         dist.barrier()
 
 
-def shutdown() -> None:
+def shutdown(wait: bool = True) -> None:
+    """End the process group before the interpreter exits: gloo's threads torn down at exit can abort a rank
+    ("terminate called without an active exception"). `wait`: meet the other ranks first (a finished run)."""
     if dist.is_available() and dist.is_initialized():
+        if wait:
+            dist.barrier()
         dist.destroy_process_group()

@@ -37,14 +37,21 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     parser = build_parser()
     args = parser.parse_args(argv)
+    from orthorank import distributed
+
+    finished = False
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        finished = True
+        return code
     except UserError as exc:
         print(f"orthorank {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("orthorank: interrupted", file=sys.stderr)
         return 130
+    finally:
+        distributed.shutdown(wait=finished)
 
 
 if __name__ == "__main__":
