@@ -312,7 +312,7 @@ class SelectiveLayer:
         cos, sin = call.pos_emb
         sel_kwargs["position_embeddings"] = (_gather_rows(cos, idx), _gather_rows(sin, idx))
         h_sel = _gather_rows(hidden_states, idx)  # [B, K, D]
-        with _routed(attn, self._attention_forward(call)):
+        with patched_forward(attn, self._attention_forward(call)):  # inside any accelerate hook
             out = self.inner(h_sel, *args, **sel_kwargs)
         h_new = out[0] if isinstance(out, tuple) else out
         if real is not None:
@@ -387,13 +387,6 @@ class SelectiveLayer:
         if valid.shape[1] < S:  # static caches: unfilled slots lie beyond every query (causally masked anyway)
             valid = F.pad(valid, (0, S - valid.shape[1]), value=False)
         return valid
-
-
-@contextmanager
-def _routed(module: nn.Module, forward: Callable[..., Any]):
-    """Run `module` with `forward` for one call, inside any accelerate hook (which keeps its own `_old_forward`)."""
-    with patched_forward(module, forward):
-        yield
 
 
 @contextmanager
