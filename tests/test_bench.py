@@ -216,6 +216,39 @@ def test_chunked_attention_is_exact(monkeypatch, kv_heads, attn, padded):
     assert torch.equal(keep, keep1) and torch.allclose(out, out1, atol=ATOL)
 
 
+@pytest.mark.parametrize("padded", [False, True])
+def test_sdpa_mask_is_one_row_per_selected_token(monkeypatch, padded):
+    """Long prompts: the masks handed to SDPA are [B, 1, chunk, keys], one row per selected token shared by all
+    heads, never repeated per head or per query group (memory at 8k tokens)."""
+    import torch.nn.functional as F
+
+    from orthorank.method import attention
+
+    monkeypatch.setattr(SelectiveLayer, "min_chunk_keys", 16)
+    m = tiny_model(num_key_value_heads=2)  # 4 heads: query groups of 2
+    apply_orthorank(m, [2], SelectionConfig(ratio=0.33))
+    shapes = []
+    real = F.scaled_dot_product_attention
+
+    def spy(q, k, v, attn_mask=None, **kw):
+        if q.shape[2] < 200:  # the selective layer's chunks (the dense layers see all 200 queries)
+            shapes.append((tuple(q.shape), None if attn_mask is None else tuple(attn_mask.shape)))
+        return real(q, k, v, attn_mask=attn_mask, **kw)
+
+    monkeypatch.setattr(attention.F, "scaled_dot_product_attention", spy)
+    ids = torch.randint(1, 128, (2, 200), generator=torch.Generator().manual_seed(5))
+    kwargs = {}
+    if padded:
+        mask = torch.ones(2, 200, dtype=torch.long)
+        mask[1, :23] = 0
+        kwargs = {"attention_mask": mask}
+    m(ids, use_cache=False, **kwargs)
+    assert len(shapes) == 4
+    for q_shape, m_shape in shapes:
+        B, H, chunk, _ = q_shape
+        assert H == 4 and m_shape is not None and m_shape[:3] == (B, 1, chunk), (q_shape, m_shape)
+
+
 def test_chunked_prefill_with_cache_is_exact(monkeypatch):
     """A prompt fed in two chunks through the KV cache: the second chunk's sink lies in the cache."""
     monkeypatch.setattr(SelectiveLayer, "min_chunk_keys", 16)

@@ -94,7 +94,10 @@ def _check_saved_plans(args) -> None:
             find_plan(expected_model_name(args.model), method.plan_label, args.sparsity)
 
 
-def _evaluate(args, lm, rows: list[Row], items: list[Item], suite: str, settings: dict) -> dict[str, dict]:
+def _evaluate(args, lm, rows: list[Row], parts: list[tuple[str, list[Item], dict]], suite: str) -> dict[str, dict]:
+    """Every row on every part (a length of the suite, a LongBench task), parts outermost so that a run stopped
+    early has whole tables for the parts it finished. Each (row, part) is its own store namespace: a later run
+    with more lengths or tasks reuses what earlier runs computed."""
     from tqdm.auto import tqdm
 
     from orthorank import distributed as dist
@@ -102,17 +105,18 @@ def _evaluate(args, lm, rows: list[Row], items: list[Item], suite: str, settings
 
     store = store_from_args(args)
     fp = model_fingerprint(lm.model) if store is not None else None
-    settings = {**settings, "items": digest([[it.key, it.ids, it.max_new_tokens] for it in items])}
-    results = {}
-    for row in rows:
-        ns = store.namespace("longctx", longctx_key(lm.model, row.applied(), suite, settings, fp)) \
-            if store is not None else None
-        bar = tqdm(total=len(items), desc=row.name, disable=not dist.is_main(), leave=True)
-        t0 = time.perf_counter()
-        results[row.name] = run_row(lm, row, items, ns, args.batch_size, progress=bar.update)
-        bar.close()
-        if dist.is_main():
-            print(f"{row.name}: {len(items)} items in {time.perf_counter() - t0:.0f}s", flush=True)
+    results: dict[str, dict] = {row.name: {} for row in rows}
+    for part, items, settings in parts:
+        settings = {**settings, "items": digest([[it.key, it.ids, it.max_new_tokens] for it in items])}
+        for row in rows:
+            ns = store.namespace("longctx", longctx_key(lm.model, row.applied(), suite, settings, fp)) \
+                if store is not None else None
+            bar = tqdm(total=len(items), desc=f"{row.name} @ {part}", disable=not dist.is_main(), leave=True)
+            t0 = time.perf_counter()
+            results[row.name].update(run_row(lm, row, items, ns, args.batch_size, progress=bar.update))
+            bar.close()
+            if dist.is_main():
+                print(f"{row.name} @ {part}: {len(items)} items in {time.perf_counter() - t0:.0f}s", flush=True)
     return results
 
 
@@ -181,15 +185,17 @@ def run_suite(args) -> int:
         check_context(lm.model, length)
     rows = _rows(args, lm)
     builder = SuiteBuilder(lm.tokenizer, pools, seed=args.seed)
-    items = []
+    parts = []
     for length in lengths:
+        items = []
         for task in tasks:
             for i in range(args.samples):
                 s = builder.sample(task, length, i)
                 items.append(Item(f"{length:06d}/{task}/{i:04d}", lm.tokenizer(s.prompt).input_ids,
                                   s.max_new_tokens, lambda text, a=s.answers: score(text, a)))
-    settings = {"tasks": tasks, "lengths": lengths, "samples": args.samples, "seed": args.seed}
-    results = _evaluate(args, lm, rows, items, "ruler-offline", settings)
+        parts.append((f"{length} tokens", items,
+                      {"tasks": tasks, "length": length, "samples": args.samples, "seed": args.seed}))
+    results = _evaluate(args, lm, rows, parts, "ruler-offline")
     tables, summaries = [], {}
     for length in lengths:
         sub = {r: {k: v for k, v in res.items() if k.startswith(f"{length:06d}/")} for r, res in results.items()}
@@ -256,8 +262,9 @@ def run_longbench(args) -> int:
         raise UserError("LongBench needs a real model with a tokenizer")
     context = lm.model.config.max_position_embeddings
     rows = _rows(args, lm)
-    items, buckets = [], {}
+    parts, buckets = [], {}
     for task in tasks:
+        items = []
         budget = args.max_length or context - task.max_new_tokens
         if budget + task.max_new_tokens > context:
             raise UserError(f"--max-length {budget} + {task.max_new_tokens} new tokens exceed the model's context "
@@ -270,8 +277,9 @@ def run_longbench(args) -> int:
                               lambda text, t=task.base, r=row: score_prediction(t, text, r["answers"],
                                                                                  r["all_classes"]),
                               stop_tokens(lm.tokenizer, task)))
-    settings = {"tasks": names, "limit": args.limit, "max_length": args.max_length, "chat": not args.no_chat}
-    results = _evaluate(args, lm, rows, items, "longbench-v1", settings)
+        parts.append((task.name, items, {"task": task.name, "limit": args.limit, "max_length": args.max_length,
+                                         "chat": not args.no_chat}))
+    results = _evaluate(args, lm, rows, parts, "longbench-v1")
     ref = "dense" if "dense" in results else None
     table, summary = _tables(rows, results, lambda k: k.split("/")[0], names,
                              "LongBench v1 score (%, 95% bootstrap interval over examples)", ref)

@@ -10,9 +10,9 @@ window w, its position minus the key's is below w. `mask` ([B, 1, K, S], bool or
 window and padding part with rows of the model's own 4-D mask where the model built one. Returns [B, K, H*d], and
 for the eager backend the attention weights [B, H, K, S].
 
-Backends, by the model's attention implementation (see BACKENDS): masked SDPA (grouped-query heads folded into
-the query axis, long sequences in a few query chunks against only the keys up to each chunk's last position),
-eager (the family's own eager function: soft-capping, weights for output_attentions), FlexAttention (a block
+Backends, by the model's attention implementation (see BACKENDS): masked SDPA (one mask row per selected token,
+broadcast over heads, grouped-query heads in the kernel; long sequences in a few query chunks against only the
+keys up to each chunk's last position), eager (the family's own eager function: soft-capping, weights for output_attentions), FlexAttention (a block
 mask built from the positions). A flash-attention model's selective layers use SDPA math on its 2-D padding mask.
 """
 
@@ -102,20 +102,17 @@ def _chunks(K: int, S: int, max_chunks: int, min_chunk_keys: int) -> list[tuple[
 def _sdpa(q, q_pos, k, v, scale, k_offset, key_valid, window, mask, max_chunks, min_chunk_keys) -> torch.Tensor:
     B, K, H, hd = q.shape
     Hkv, S = k.shape[1], k.shape[2]
-    G = H // Hkv
-    if mask is not None and mask.shape[1] != 1:  # a per-head mask (no HF model makes one): plain GQA layout
-        m = _and_keys(mask, key_valid)
-        o = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=m, scale=scale, enable_gqa=G > 1)
+    qh = q.transpose(1, 2)  # [B, H, K, d]
+    if mask is not None and mask.shape[1] != 1:  # a per-head mask (no HF model makes one): one call
+        o = F.scaled_dot_product_attention(qh, k, v, attn_mask=_and_keys(mask, key_valid), scale=scale,
+                                           enable_gqa=H > Hkv)
         return o.transpose(1, 2).reshape(B, K, H * hd)
-    # The G query heads that share a KV head sit next to each other along the query axis: [B, Hkv, K, G, d], so
-    # K/V are never repeated and the masked kernels (which take no GQA) need no fallback.
-    qg = q.view(B, K, Hkv, G, hd).permute(0, 2, 1, 3, 4)
     chunks = _chunks(K, S, max_chunks, min_chunk_keys)
     if len(chunks) > 1:
         ends = torch.stack([q_pos[:, a:b].amax() for a, b in chunks]).tolist()  # one sync per layer
     else:
         ends = [k_offset + S - 1]
-    out = torch.empty((B, K, Hkv, G, hd), dtype=q.dtype, device=q.device)
+    out = torch.empty((B, H, K, hd), dtype=q.dtype, device=q.device)
     for (a, b), last in zip(chunks, ends):
         # Keys up to the chunk's last query position, rounded up to a multiple of 64 (aligned shapes for the
         # kernels; the extra keys are masked anyway).
@@ -124,13 +121,11 @@ def _sdpa(q, q_pos, k, v, scale, k_offset, key_valid, window, mask, max_chunks, 
             m = _and_keys(mask[:, :, a:b, :Sc], key_valid)
         else:
             m = allowed_keys(q_pos[:, a:b], Sc, k_offset, None if key_valid is None else key_valid[:, :Sc], window)
-        if G > 1:  # the mask row of a selected token serves its G query heads
-            m = m.unsqueeze(3).expand(B, 1, b - a, G, Sc).reshape(B, 1, (b - a) * G, Sc)
-        qc = qg[:, :, a:b]
-        qc = qc.squeeze(3) if G == 1 else qc.reshape(B, Hkv, (b - a) * G, hd)
-        o = F.scaled_dot_product_attention(qc, k[:, :, :Sc], v[:, :, :Sc], attn_mask=m, scale=scale)
-        out[:, a:b] = o.view(B, Hkv, b - a, G, hd).transpose(1, 2)
-    return out.view(B, K, H * hd)
+        # m is [B, 1, chunk, Sc]: one row per selected token, broadcast over every head (GQA in the kernel, so
+        # neither K/V nor the mask is repeated per query group).
+        out[:, :, a:b] = F.scaled_dot_product_attention(qh[:, :, a:b], k[:, :, :Sc], v[:, :, :Sc], attn_mask=m,
+                                                        scale=scale, enable_gqa=H > Hkv)
+    return out.transpose(1, 2).reshape(B, K, H * hd)
 
 
 def _eager(q, q_pos, k, v, scale, k_offset, key_valid, window, softcap, mask, attn_module):
