@@ -15,7 +15,9 @@ import torch
 from orthorank.method.apply import selective
 
 from conftest import tiny_model
-from orthorank.bench.costmodel import ideal_speedup, kv_fraction, selective_layer_cost, spread_layers
+from orthorank.bench.costmodel import (
+    flop_layer_cost, ideal_speedup, kv_fraction, selective_layer_cost, spread_layers,
+)
 from orthorank.cli.main import main
 from orthorank.method import SelectionConfig, apply_orthorank
 from orthorank.method.attention import _chunks
@@ -33,6 +35,25 @@ def test_kv_fraction_from_config():
     assert round(kv_fraction(shape_config("mistral-7b")), 3) == 0.038
     # SmolLM2-135M: q 576x576, k/v 576x192 each, o 576x576, MLP 3x576x1536
     assert kv_fraction(shape_config("smollm2-135m-shape")) == pytest.approx(2 * 192 / (2 * 576 + 2 * 192 + 3 * 1536))
+
+
+def test_flop_layer_cost_counts_attention():
+    """Short prompts: close to the weight-only cost; long prompts: attention's share grows and the selection
+    layer's ideal cost falls towards the ratio (Llama-2-7B: 0.441 by weights)."""
+    cfg = shape_config("llama2-7b")
+    w = selective_layer_cost(kv_fraction(cfg), 0.33)
+    short, long_ = flop_layer_cost(cfg, 128, 0.33), flop_layer_cost(cfg, 32768, 0.33)
+    assert abs(short - w) < 0.01
+    assert 0.33 < long_ < short - 0.03
+    costs = [flop_layer_cost(cfg, n, 0.33) for n in (1024, 4096, 16384, 32768)]
+    assert costs == sorted(costs, reverse=True)
+    # hand count at 32k: per token, K/V + norm for all; attention over (T+1)/2 keys for the selected third
+    d, T = 4096, 32768
+    every = 4 * d + 2 * 2 * d * d + 3 * d + 2 * d
+    keys = (T + 1) / 2
+    updated = 2 * d * d + 3 * d + (4 * d * keys + 5 * 32 * keys) + 2 * d * d + d + 4 * d + (6 * d * 11008 + 5 * 11008) + d
+    dense = every - 2 * d + updated
+    assert long_ == pytest.approx((every + 0.33 * updated) / dense, rel=1e-4)
 
 
 def test_ideal_speedup():
@@ -98,13 +119,17 @@ def test_bench_cli_prefill_decode_layer(tmp_path):
             assert m["tokens_per_s"] > 0 and m["pct_of_ideal"] > 0
             assert m["memory"]  # process peak RSS on CPU, peak allocated on CUDA
     f = data["f_kv"]
+    cfg = shape_config("smollm2-135m-shape")
     assert runs["prefill"]["methods"][2]["ideal_speedup"] == pytest.approx(
+        4 / (4 - n_sel + n_sel * flop_layer_cost(cfg, 24, 0.33)))
+    assert runs["prefill"]["methods"][2]["ideal_speedup_weights_only"] == pytest.approx(
         4 / (4 - n_sel + n_sel * selective_layer_cost(f, 0.33)))
     assert runs["decode"]["methods"][2]["ideal_speedup"] == 1.0
     assert runs["decode"]["new_tokens"] == 3
     assert "implied_selective_layer_cost" in runs["prefill"]["analysis"]
     layer = runs["layer"]
-    assert layer["ideal_selective_cost_fraction"] == pytest.approx(selective_layer_cost(f, 0.33))
+    assert layer["ideal_selective_cost_fraction"] == pytest.approx(flop_layer_cost(cfg, 24, 0.33))
+    assert layer["ideal_selective_cost_fraction_weights_only"] == pytest.approx(selective_layer_cost(f, 0.33))
     assert layer["selective_cost_fraction"] > 0 and layer["kept_tokens_per_row"] == 8
     assert {"dense_layer", "selective_layer", "selective_layer_unchunked", "input_norm", "scoring",
             "scoring_and_topk"} <= set(layer["timing"])

@@ -1,10 +1,16 @@
-"""The weight-based cost model of notes section 6.
+"""Ideal speed-ups: what a plan would gain if every skipped FLOP were free time.
 
-A selection layer that updates a fraction r of the tokens but still projects K and V for all of them costs about
-f_kv + (1 - f_kv) * r of a dense layer, where f_kv is the K+V share of the layer's matmul weights. With L layers of
-which n are selection layers, the ideal end-to-end speed-up is L / (L - n + n * cost); removing p layers gives
-L / (L - p). Embedding, final norm and the LM head (the benchmark applies it to the last position only) are ignored:
-they are small next to 32 decoder layers.
+Two models of a selection layer's cost relative to a dense layer:
+- weights only (notes section 6): f_kv + (1 - f_kv) * r, with f_kv the K+V share of the layer's matmul weights;
+  right for short prompts, where attention's share of a layer is small;
+- FLOPs with attention (`flop_layer_cost`, from orthorank.method.cost): the bypassed tokens still pay the input
+  norm, K/V projections, RoPE on K and the scoring; the selected ones pay everything else, their attention over
+  keys up to their positions included. Attention grows with the prompt (quadratically per layer), so a selection
+  layer's ideal cost falls towards r as prompts get longer, and OrthoRank's ideal speed-up rises with length
+  while layer removal's stays L / (L - p).
+With L layers of which n are selection layers, the ideal end-to-end speed-up is L / (L - n + n * cost). Embedding,
+final norm and the LM head (the benchmark applies it to the last position only) are ignored: they are small next
+to the decoder layers.
 """
 
 from __future__ import annotations
@@ -39,9 +45,18 @@ def selective_layer_cost(f_kv: float, ratio: float) -> float:
     return f_kv + (1.0 - f_kv) * ratio
 
 
+def flop_layer_cost(config: Any, seq_len: int, ratio: float) -> float:
+    """A selection layer's FLOPs at `seq_len` prompt tokens (attention included) over a dense layer's."""
+    from orthorank.method.cost import Arch, layer_flops, selection_layer_flops
+
+    arch = Arch.from_config(config)
+    return selection_layer_flops(arch, seq_len, ratio) / layer_flops(arch, seq_len).dense
+
+
 def ideal_speedup(method: str, num_layers: int, changed: int, f_kv: float = 0.0, ratio: float = 1.0,
-                  mode: str = "prefill", decode: str = "dense") -> float | None:
+                  mode: str = "prefill", decode: str = "dense", layer_cost: float | None = None) -> float | None:
     """Ideal speed-up over dense. `changed`: layers removed (prune) or turned into selection layers (orthorank).
+    `layer_cost` (e.g. `flop_layer_cost`) replaces the weight-only cost of a selection layer.
 
     In decode mode with decode="dense" every new token is updated by every layer (ceil(ratio * 1) = 1), so
     OrthoRank's ideal is 1.0; with decode="threshold" the work saved depends on the data: None.
@@ -55,7 +70,8 @@ def ideal_speedup(method: str, num_layers: int, changed: int, f_kv: float = 0.0,
         raise ValueError(f"unknown method {method!r}")
     if mode == "decode":
         return 1.0 if decode == "dense" else None
-    return L / (L - n + n * selective_layer_cost(f_kv, ratio))
+    cost = selective_layer_cost(f_kv, ratio) if layer_cost is None else layer_cost
+    return L / (L - n + n * cost)
 
 
 def spread_layers(count: int, num_layers: int) -> list[int]:

@@ -12,7 +12,7 @@ import os
 
 import torch
 
-from orthorank.bench.costmodel import kv_fraction, selective_layer_cost
+from orthorank.bench.costmodel import flop_layer_cost, kv_fraction, selective_layer_cost
 from orthorank.bench.report import format_run
 from orthorank.method.cost import Arch
 from orthorank.methods import METHODS, get_method
@@ -109,7 +109,8 @@ def run(args) -> int:
     f_kv = kv_fraction(cfg)
     print(f"model {lm.name}: {lm.num_layers} layers, hidden {cfg.hidden_size}, "
           f"{cfg.num_attention_heads}/{getattr(cfg, 'num_key_value_heads', None)} heads, {dtype}, {lm.device}; "
-          f"f_kv {f_kv:.3f}, ideal selective layer cost {selective_layer_cost(f_kv, selection.ratio):.3f}")
+          f"f_kv {f_kv:.3f}, ideal selective layer cost {selective_layer_cost(f_kv, selection.ratio):.3f} by "
+          f"weights, {flop_layer_cost(cfg, args.seq_len, selection.ratio):.3f} by FLOPs at {args.seq_len} tokens")
     for s in specs:
         print(f"  {s.name}: {s.kind}, {len(s.layers)} layers {s.layers} ({s.source})")
 
@@ -134,7 +135,8 @@ def run(args) -> int:
             "sparsity": args.sparsity,
             "selection": selection.to_dict(),
             "f_kv": f_kv,
-            "ideal_selective_layer_cost": selective_layer_cost(f_kv, selection.ratio),
+            "ideal_selective_layer_cost": selective_layer_cost(f_kv, selection.ratio),  # weights only
+            "ideal_selective_layer_cost_flops": flop_layer_cost(cfg, args.seq_len, selection.ratio),
             "seed": args.seed,
             "runs": runs,
         }
