@@ -11,8 +11,8 @@ window and padding part with rows of the model's own 4-D mask where the model bu
 for the eager backend the attention weights [B, H, K, S].
 
 Backends, by the model's attention implementation (see BACKENDS): masked SDPA (one mask row per selected token,
-broadcast over heads, grouped-query heads in the kernel; long sequences in a few query chunks against only the
-keys up to each chunk's last position), eager (the family's own eager function: soft-capping, weights for output_attentions), FlexAttention (a block
+broadcast over heads, grouped-query heads in the kernel; on CPU long sequences in query chunks against only the
+keys up to each chunk's last position, on accelerators one call with no device-to-host sync), eager (the family's own eager function: soft-capping, weights for output_attentions), FlexAttention (a block
 mask built from the positions). A flash-attention model's selective layers use SDPA math on its 2-D padding mask.
 """
 
@@ -107,7 +107,9 @@ def _sdpa(q, q_pos, k, v, scale, k_offset, key_valid, window, mask, max_chunks, 
         o = F.scaled_dot_product_attention(qh, k, v, attn_mask=_and_keys(mask, key_valid), scale=scale,
                                            enable_gqa=H > Hkv)
         return o.transpose(1, 2).reshape(B, K, H * hd)
-    chunks = _chunks(K, S, max_chunks, min_chunk_keys)
+    # Chunk ends are read on the host: free on CPU; on accelerators that read would be a device-to-host sync per
+    # layer (no CUDA graphs, a stalled launch queue), so there the selected queries take one masked call.
+    chunks = _chunks(K, S, max_chunks, min_chunk_keys) if q.device.type == "cpu" else [(0, K)]
     if len(chunks) > 1:
         ends = torch.stack([q_pos[:, a:b].amax() for a, b in chunks]).tolist()  # one sync per layer
     else:

@@ -157,9 +157,11 @@ class SelectiveLayer:
     bypassed rows report zeros.
     """
 
-    # Attention over long sequences runs in up to this many query chunks of at least min_chunk_keys keys each
-    # (exact either way; more chunks skip more masked work but cost one small device-to-host copy per layer).
-    max_attention_chunks = 4
+    # Attention over long sequences runs in up to this many query chunks of at least min_chunk_keys keys each, so
+    # the chunks' causal rectangles approach the triangle (measured on CPU at 16k tokens, SmolLM2 shape: 4 chunks
+    # reached 71% of the selective layer's ideal cost, 16 chunks 98%). Exact either way. On CPU the chunk ends
+    # cost one host read per layer; on accelerators the layer stays sync-free (one masked call, see attention.py).
+    max_attention_chunks = 32
     min_chunk_keys = 512
 
     def __init__(self, layer: nn.Module, adapter: FamilyAdapter, config: SelectionConfig,
