@@ -171,6 +171,37 @@ def test_static_cache_generation_equals_dynamic():
     assert torch.equal(dynamic, static)
 
 
+def test_prefill_compiles_without_graph_breaks():
+    """An unpadded prefill through selection layers is one graph (no host reads: chunking and the finite check
+    step aside under compile) and gives the eager logits."""
+    m = tiny_model()
+    apply_orthorank(m, [1, 2], SelectionConfig(ratio=0.5))
+    ids = _ids(2, 40)
+    ref = m(ids, use_cache=False).logits
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x: m(x, use_cache=False).logits, fullgraph=True, backend="eager")
+    torch.testing.assert_close(compiled(ids), ref, atol=1e-5, rtol=1e-5)
+
+
+def test_dense_decode_step_with_static_cache_compiles_without_graph_breaks():
+    """The dense decode policy's step on a StaticCache is one graph (what CUDA-graph capture needs)."""
+    from transformers import StaticCache
+
+    m = tiny_model()
+    apply_orthorank(m, [1, 2], SelectionConfig(ratio=0.5, decode="dense"))
+    ids = _ids(1, 12)
+    cache = StaticCache(config=m.config, max_cache_len=16)
+    out = m(ids, past_key_values=cache, use_cache=True)
+    nxt = out.logits[:, -1:].argmax(-1)
+    pos = torch.tensor([12])
+    eager_cache = __import__("copy").deepcopy(cache)
+    ref = m(nxt, past_key_values=eager_cache, cache_position=pos, position_ids=pos[None], use_cache=True).logits
+    torch._dynamo.reset()
+    step = torch.compile(lambda t, c, p: m(t, past_key_values=c, cache_position=p, position_ids=p[None],
+                                           use_cache=True).logits, fullgraph=True, backend="eager")
+    torch.testing.assert_close(step(nxt, cache, pos), ref, atol=1e-5, rtol=1e-5)
+
+
 # -- properties against the naive reference -----------------------------------------------------------------------
 
 _MODELS: dict[int, torch.nn.Module] = {}
@@ -252,3 +283,43 @@ def test_threshold_decode_skips_tokens_but_keeps_the_cache_complete():
     cache = out.past_key_values if getattr(out, "past_key_values", None) is not None else out.cache
     assert all(cache.get_seq_length(i) == 24 + 11 for i in range(4))
     assert torch.isfinite(out.sequences.float()).all() and skipped  # some new tokens bypassed layer 2
+
+
+def test_inplace_write_back_only_where_nothing_holds_the_input(monkeypatch):
+    """Inference without recorded hidden states writes selected rows into the residual stream in place; with
+    output_hidden_states, hooks or autograd it copies. Logits and every recorded state agree either way."""
+    from orthorank.method import layer as layer_mod
+
+    m = tiny_model()
+    apply_orthorank(m, [1, 2], SelectionConfig(ratio=0.5))
+    ids = _ids(2, 40)
+    calls = {"inplace": 0, "copy": 0}
+    real_ok = layer_mod.SequenceContext.inplace_ok
+
+    def spy(self):
+        ok = real_ok(self)
+        calls["inplace" if ok else "copy"] += 1
+        return ok
+
+    monkeypatch.setattr(layer_mod.SequenceContext, "inplace_ok", spy)
+    with torch.no_grad():
+        fast = m(ids, use_cache=False).logits
+    assert calls == {"inplace": 2, "copy": 0}
+    with torch.no_grad():
+        out = m(ids, use_cache=False, output_hidden_states=True)
+    assert calls["copy"] == 2
+    torch.testing.assert_close(out.logits, fast, atol=0, rtol=0)
+    # the recorded states are those of a copying run layer by layer: state i+1 is layer i's output, unchanged
+    monkeypatch.setattr(layer_mod.SequenceContext, "inplace_ok", lambda self: False)
+    with torch.no_grad():
+        ref = m(ids, use_cache=False, output_hidden_states=True)
+    for a, b in zip(out.hidden_states, ref.hidden_states):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
+    monkeypatch.setattr(layer_mod.SequenceContext, "inplace_ok", spy)
+    handle = m.model.layers[0].register_forward_hook(lambda *a: None)
+    with torch.no_grad():
+        torch.testing.assert_close(m(ids, use_cache=False).logits, fast, atol=0, rtol=0)
+    handle.remove()
+    assert calls["copy"] == 4
+    m(ids, use_cache=False)  # autograd on
+    assert calls["copy"] == 6

@@ -58,6 +58,7 @@ def apply_orthorank(model: nn.Module, layers: list[int], config: SelectionConfig
         layer = original[i]
         sel = SelectiveLayer(layer, adapter, config, context, i, inner=current_forward(layer))
         state["restores"].append(install_forward(layer, sel))
+        state["restores"].append(sel.install_router())
         setattr(layer, _LAYER_ATTR, sel)
         state["restores"].append(lambda layer=layer: delattr(layer, _LAYER_ATTR))
     return model

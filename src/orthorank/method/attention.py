@@ -108,8 +108,10 @@ def _sdpa(q, q_pos, k, v, scale, k_offset, key_valid, window, mask, max_chunks, 
                                            enable_gqa=H > Hkv)
         return o.transpose(1, 2).reshape(B, K, H * hd)
     # Chunk ends are read on the host: free on CPU; on accelerators that read would be a device-to-host sync per
-    # layer (no CUDA graphs, a stalled launch queue), so there the selected queries take one masked call.
-    chunks = _chunks(K, S, max_chunks, min_chunk_keys) if q.device.type == "cpu" else [(0, K)]
+    # layer (no CUDA graphs, a stalled launch queue), and in a compiled graph a graph break, so there the selected
+    # queries take one masked call.
+    host_reads = q.device.type == "cpu" and not torch.compiler.is_compiling()
+    chunks = _chunks(K, S, max_chunks, min_chunk_keys) if host_reads else [(0, K)]
     if len(chunks) > 1:
         ends = torch.stack([q_pos[:, a:b].amax() for a, b in chunks]).tolist()  # one sync per layer
     else:

@@ -54,6 +54,8 @@ class SequenceContext:
     def __init__(self) -> None:
         self.attention_mask: torch.Tensor | None = None
         self.input_ids: torch.Tensor | None = None
+        self.decoder: nn.Module | None = None
+        self.record_states = True  # whether this forward keeps layer outputs (hidden states): no in-place writes
         self._facts: _Facts | None = None
         self._row_hashes: tuple[Any, list[int]] | None = None
 
@@ -62,6 +64,9 @@ class SequenceContext:
         self.attention_mask = mask if isinstance(mask, torch.Tensor) and mask.dim() == 2 else None
         ids = kwargs.get("input_ids", args[0] if args else None)
         self.input_ids = ids if isinstance(ids, torch.Tensor) and ids.dim() == 2 else None
+        self.decoder = module
+        config = getattr(module, "config", None)
+        self.record_states = bool(kwargs.get("output_hidden_states") or getattr(config, "output_hidden_states", False))
         self._facts = None
         self._row_hashes = None
 
@@ -78,6 +83,15 @@ class SequenceContext:
             hashes = [token_hash(ids[b] if valid is None else ids[b][valid[b]], past) for b in range(B)]
         self._row_hashes = (key, hashes)
         return hashes
+
+    def inplace_ok(self) -> bool:
+        """May a selection layer write its rows into its input? Only inside a decoder forward this context saw
+        begin (the decoder loop drops its reference to a layer's input), with autograd off, no hidden states
+        recorded and no hooks on the layers (either could hold the previous layer's output)."""
+        if self.record_states or self.decoder is None or torch.is_grad_enabled():
+            return False
+        layers = getattr(self.decoder, "layers", None)
+        return layers is not None and not any(l._forward_hooks or l._forward_pre_hooks for l in layers)
 
     def facts(self, B: int, T: int, past: int, device: torch.device, ratio: float) -> _Facts:
         mask2d = self.attention_mask
@@ -131,12 +145,12 @@ class NonFiniteHiddenStates(ValueError):
 
 
 def check_finite(scores: torch.Tensor, layer_index: int) -> None:
-    if scores.device.type == "cpu":
+    if scores.device.type == "cpu" and not torch.compiler.is_compiling():
         if not bool(torch.isfinite(scores).all()):
             raise NonFiniteHiddenStates(
                 f"layer {layer_index}: hidden states contain NaN or inf; OrthoRank cannot rank tokens on them "
                 "(check the model's dtype and weights)")
-    else:  # no host sync on accelerators: a device-side assert
+    else:  # no host sync on accelerators or in a compiled graph: a device-side assert
         torch._assert_async(torch.isfinite(scores).all(), f"layer {layer_index}: NaN or inf in hidden states")
 
 
@@ -180,6 +194,8 @@ class SelectiveLayer:
         self._sink_state: torch.Tensor | None = None
         self._cutoff: torch.Tensor | None = None
         self._last: tuple[torch.Tensor, torch.Tensor | None, int] | None = None
+        self._call: _RowCall | None = None  # the selective call in progress, read by the attention router
+        self._routed = False
 
     @property
     def backend(self) -> str:
@@ -277,13 +293,15 @@ class SelectiveLayer:
         layer, cfg = self.layer, self.config
         attn = layer.self_attn
         B, T, _ = hidden_states.shape
+        if T == 1 and cfg.decode == "dense":
+            # One token: ceil(ratio * 1) = 1, the dense layer. Decided before reading the cache length, which a
+            # static cache computes with a host read: a dense-decode step stays capturable (CUDA graphs, compile).
+            self._last = None
+            return self.inner(hidden_states, *args, **kwargs)
         cache = _cache_arg(kwargs)
         past = int(cache.get_seq_length(attn.layer_idx)) if cache is not None else 0
         if past == 0:
             self._sink_state, self._cutoff = None, None
-        if T == 1 and past > 0 and cfg.decode == "dense":
-            self._last = None
-            return self.inner(hidden_states, *args, **kwargs)  # one new token: ceil(ratio * 1) = 1, the dense layer
 
         x = self.adapter.attention_input(layer, hidden_states)
         src = self.adapter.score_input(hidden_states, x) if cfg.source == "normed" else hidden_states
@@ -314,13 +332,24 @@ class SelectiveLayer:
         cos, sin = call.pos_emb
         sel_kwargs["position_embeddings"] = (_gather_rows(cos, idx), _gather_rows(sin, idx))
         h_sel = _gather_rows(hidden_states, idx)  # [B, K, D]
-        with patched_forward(attn, self._attention_forward(call)):  # inside any accelerate hook
-            out = self.inner(h_sel, *args, **sel_kwargs)
+        if self._routed:  # installed by apply_orthorank: no module attribute changes during the forward
+            self._call = call
+            try:
+                out = self.inner(h_sel, *args, **sel_kwargs)
+            finally:
+                self._call = None
+        else:  # a bare wrapper (search runner, layer benchmarks): route for this call only
+            with patched_forward(attn, self._attention_forward(call)):  # inside any accelerate hook
+                out = self.inner(h_sel, *args, **sel_kwargs)
         h_new = out[0] if isinstance(out, tuple) else out
         if real is not None:
             # Filler entries (rows with fewer kept tokens) write back their own unchanged state.
             h_new = torch.where(real.unsqueeze(-1), h_new, h_sel)
-        result = hidden_states.scatter(1, idx.unsqueeze(-1).expand_as(h_new), h_new)
+        index = idx.unsqueeze(-1).expand_as(h_new)
+        if self._context.inplace_ok():
+            result = hidden_states.scatter_(1, index, h_new)  # no copy of the whole residual stream
+        else:
+            result = hidden_states.scatter(1, index, h_new)
         return (result, *out[1:]) if isinstance(out, tuple) else result
 
     def _key_keep(self, idx, real, B, T, past, facts, device) -> torch.Tensor | None:
@@ -341,6 +370,28 @@ class SelectiveLayer:
         k, v = self.adapter.keys_values(attn, x)
         cos, sin = pos_emb
         return self.adapter.rope(attn, k, cos, sin).transpose(1, 2), v.transpose(1, 2)
+
+    def install_router(self) -> Callable[[], None]:
+        """Route the attention module through this layer for as long as it is installed: during a selective call
+        it runs selective attention, otherwise its own forward. Nothing on the modules changes during a forward
+        (what torch.compile needs). Returns the undo."""
+        attn = self.layer.self_attn
+        inner = current_forward(attn)
+
+        def route(hidden_states: torch.Tensor, *args: Any, **kwargs: Any):
+            call = self._call
+            if call is None:
+                return inner(hidden_states, *args, **kwargs)
+            return self._attention_forward(call)(hidden_states, *args, **kwargs)
+
+        undo = install_forward(attn, route)
+        self._routed = True
+
+        def restore() -> None:
+            undo()
+            self._routed = False
+
+        return restore
 
     def _attention_forward(self, call: _RowCall) -> Callable[..., Any]:
         layer, adapter = self.layer, self.adapter
