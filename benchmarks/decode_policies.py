@@ -154,6 +154,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--out", default=str(ROOT / "benchmarks/results/decode-policies-smollm2-135m"))
     p.add_argument("--overwrite", action="store_true")
+    p.add_argument("--quality-from", default=None,
+                   help="reuse the quality part of an earlier run's JSON (same settings; it is deterministic) and "
+                        "measure speed only")
     args = p.parse_args(argv)
     out = Path(args.out)
     check_writable(out / "decode-policies.json", args.overwrite)
@@ -165,7 +168,16 @@ def main(argv: list[str] | None = None) -> int:
 
     quality: dict[str, dict] = {}
     nlls: dict[str, np.ndarray] = {}
-    for name, plan, how in rows:
+    if args.quality_from:
+        import json
+
+        prev = json.loads(Path(args.quality_from).read_text())
+        same = {k: prev.get(k) for k in ("model", "dtype", "sparsity", "windows", "seq_len")}
+        if same != {"model": lm.name, "dtype": args.dtype, "sparsity": args.sparsity, "windows": args.windows,
+                    "seq_len": args.seq_len} or [r["name"] for r in prev["rows"]] != [r[0] for r in rows]:
+            raise SystemExit(f"error: {args.quality_from} was run with other settings: {same}")
+        quality = prev["quality"]
+    for name, plan, how in ([] if args.quality_from else rows):
         t0 = time.perf_counter()
         apply_plan(lm.model, plan)
         try:
