@@ -3,13 +3,13 @@
 # OrthoRank (round(0.2 L / 0.67) evenly spread selection layers at ratio 0.33), bfloat16, random weights:
 #   - prefill, batch 32 x 2048 (halved until it fits), plus one decoder layer alone (dense vs selective, with one
 #     query chunk, the scoring/top-K step alone, and a profiler table of each), for llama2-7b, llama3-8b, mistral-7b;
-#   - decode, batch 1 and 64, prompt 512, 32 new tokens, same shapes.
+#   - decode, batch 1 and 32, prompt 512, 32 new tokens, same shapes (dense decode policy, and threshold).
 # Writes one JSON (and a log) per invocation to OUT_DIR, then OUT_DIR/summary.md (Markdown tables).
 #
 # Usage: benchmarks/gpu_bench.sh OUT_DIR
 # Needs only torch and transformers (no pip install: runs from the source tree with PYTHONPATH=src).
-# Budget: about 5 minutes on an H200; runs that would start after GPU_BENCH_BUDGET_S seconds (default 320)
-# are skipped, and each invocation is killed at the remaining budget, so the script ends within ~6 minutes.
+# Budget: about 7 minutes on an H200; runs that would start after GPU_BENCH_BUDGET_S seconds (default 400)
+# are skipped, and each invocation is killed at the remaining budget, so the script ends within ~8 minutes.
 # GPU_BENCH_TINY=1: a CPU smoke test with a tiny shape (used by tests/test_bench.py).
 set -uo pipefail
 
@@ -20,7 +20,7 @@ export PYTHONPATH="$ROOT/src${PYTHONPATH:+:$PYTHONPATH}"
 export TOKENIZERS_PARALLELISM=false
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
-BUDGET=${GPU_BENCH_BUDGET_S:-320}
+BUDGET=${GPU_BENCH_BUDGET_S:-400}
 START=$(date +%s)
 
 if [[ "${GPU_BENCH_TINY:-0}" == "1" ]]; then
@@ -32,7 +32,7 @@ else
   SHAPES=(llama2-7b llama3-8b mistral-7b)
   COMMON=(--dtype bfloat16 --sparsity 0.2)
   PREFILL=(--batch 32 --seq-len 2048 --warmup 1 --repeats 5 --fit-batch)
-  DECODE=(--batch 1,64 --seq-len 512 --new-tokens 32 --warmup 1 --repeats 4 --fit-batch)
+  DECODE=(--batch 1,32 --seq-len 512 --new-tokens 32 --warmup 1 --repeats 4 --fit-batch)
 fi
 
 # Environment, and which entry point works: the full CLI imports every subcommand; if one of them needs a package
@@ -77,6 +77,10 @@ for shape in "${SHAPES[@]}"; do
 done
 for shape in "${SHAPES[@]}"; do
   run "decode-$shape" --model "$shape" "${COMMON[@]}" --mode decode "${DECODE[@]}"
+done
+for shape in "${SHAPES[@]}"; do  # the threshold policy (random weights: the share it skips is not a model's)
+  run "decode-threshold-$shape" --model "$shape" "${COMMON[@]}" --methods dense,spread-orthorank --decode threshold \
+    --mode decode "${DECODE[@]}"
 done
 
 "$PY" -m orthorank.bench.report "$OUT" >"$OUT/summary.md" 2>>"$OUT/preflight.log" && cat "$OUT/summary.md"
