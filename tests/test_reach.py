@@ -323,3 +323,54 @@ def test_inplace_write_back_only_where_nothing_holds_the_input(monkeypatch):
     assert calls["copy"] == 4
     m(ids, use_cache=False)  # autograd on
     assert calls["copy"] == 6
+
+
+@pytest.mark.parametrize("padded", [False, True])
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_threshold_decode_compacts_rows_exactly(monkeypatch, padded, attn):
+    """Threshold decode steps where some rows keep their token and some do not run the layer on the kept rows
+    only; the logits of every step equal those of running every row and discarding the bypassed rows' updates."""
+    from orthorank.bench.runner import _cache_kwarg, _output_cache
+    from orthorank.method.layer import SelectiveLayer
+
+    m = tiny_model(attn=attn)
+    apply_orthorank(m, [1, 2], SelectionConfig(ratio=0.3, decode="threshold"))
+    ids = _ids(6, 24)
+    kwargs = {}
+    if padded:
+        mask = torch.ones(6, 24, dtype=torch.long)
+        mask[1, :5] = 0
+        mask[4, :9] = 0
+        kwargs["attention_mask"] = mask
+    compacted = []
+    real_compacted = SelectiveLayer._compacted
+
+    def spy(self, h, kw, call, rows):
+        compacted.append(rows.numel())
+        return real_compacted(self, h, kw, call, rows)
+
+    monkeypatch.setattr(SelectiveLayer, "_compacted", spy)
+
+    def run(compact: bool) -> list[torch.Tensor]:
+        monkeypatch.setattr(SelectiveLayer, "compact_decode_rows", compact)
+        out = m(ids, use_cache=True, **kwargs)
+        cache, kw = _output_cache(out), _cache_kwarg(m)
+        steps, nxt, mask = [], out.logits[:, -1:].argmax(-1), kwargs.get("attention_mask")
+        for _ in range(6):
+            extra = {}
+            if mask is not None:
+                mask = torch.cat([mask, torch.ones(6, 1, dtype=torch.long)], 1)
+                extra = {"attention_mask": mask, "position_ids": mask.sum(1, keepdim=True) - 1}
+            out = m(nxt, use_cache=True, **{kw: cache}, **extra)
+            cache = _output_cache(out)
+            steps.append(out.logits[:, -1])
+            nxt = out.logits[:, -1:].argmax(-1)
+        return steps
+
+    fast = run(True)
+    assert compacted and all(0 < n < 6 for n in compacted)  # some steps mixed kept and bypassed rows
+    n_fast = len(compacted)
+    ref = run(False)
+    assert len(compacted) == n_fast
+    for a, b in zip(fast, ref):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)

@@ -158,7 +158,7 @@ class _RowCall:
     """What one selective call hands its attention module: every token's attention input and RoPE, the selected
     rows and positions, the cache and the model's mask."""
 
-    __slots__ = ("x", "pos_emb", "idx", "q_pos", "past", "cache", "mask4d", "key_keep", "padded")
+    __slots__ = ("x", "pos_emb", "idx", "q_pos", "past", "cache", "mask4d", "key_keep", "padded", "rows")
 
 
 class SelectiveLayer:
@@ -177,6 +177,9 @@ class SelectiveLayer:
     # cost one host read per layer; on accelerators the layer stays sync-free (one masked call, see attention.py).
     max_attention_chunks = 32
     min_chunk_keys = 512
+    # Threshold decode steps run the layer on the kept rows only (batch-compacted); off: every row runs and the
+    # bypassed rows' updates are discarded (the same result, the reference for tests).
+    compact_decode_rows = True
 
     def __init__(self, layer: nn.Module, adapter: FamilyAdapter, config: SelectionConfig,
                  context: SequenceContext, layer_index: int, inner: Callable[..., Any] | None = None) -> None:
@@ -326,6 +329,13 @@ class SelectiveLayer:
         mask = kwargs.get("attention_mask", args[0] if args else None)
         call.mask4d = mask if isinstance(mask, torch.Tensor) and mask.dim() == 4 else None
         call.key_keep = self._key_keep(idx, real, B, T, past, facts, hidden_states.device)
+        call.rows = None
+        if real is not None and T == 1 and not args and self.compact_decode_rows:
+            # A decode step with some rows kept and some not (threshold policy): run the layer on the kept rows
+            # only, batch-compacted, instead of on every row with the others' updates discarded.
+            rows = real[:, 0].nonzero().squeeze(1)
+            if rows.numel() < B:
+                return self._compacted(hidden_states, kwargs, call, rows)
 
         # The family's layer forward on the selected rows only, at their own RoPE positions.
         sel_kwargs = dict(kwargs)
@@ -350,6 +360,33 @@ class SelectiveLayer:
             result = hidden_states.scatter_(1, index, h_new)  # no copy of the whole residual stream
         else:
             result = hidden_states.scatter(1, index, h_new)
+        return (result, *out[1:]) if isinstance(out, tuple) else result
+
+    def _compacted(self, hidden_states: torch.Tensor, kwargs: dict[str, Any], call: _RowCall,
+                   rows: torch.Tensor) -> Any:
+        """One new token per row, `rows` [n] of the B rows updated: the family's layer forward on [n, 1, D]; every
+        row's keys and values still reach the cache (the attention router computes them for call.x, all rows)."""
+        B = hidden_states.shape[0]
+        call.rows = rows
+        sel_kwargs = {}
+        for key, value in kwargs.items():
+            if key == "position_embeddings":
+                value = tuple(t.index_select(0, rows) if t.shape[0] == B else t for t in value)
+            elif isinstance(value, torch.Tensor) and value.dim() >= 1 and value.shape[0] == B:
+                value = value.index_select(0, rows)
+            sel_kwargs[key] = value
+        h_sel = hidden_states.index_select(0, rows)  # [n, 1, D]
+        if self._routed:
+            self._call = call
+            try:
+                out = self.inner(h_sel, **sel_kwargs)
+            finally:
+                self._call = None
+        else:
+            with patched_forward(self.layer.self_attn, self._attention_forward(call)):
+                out = self.inner(h_sel, **sel_kwargs)
+        h_new = out[0] if isinstance(out, tuple) else out
+        result = hidden_states.index_copy(0, rows, h_new)
         return (result, *out[1:]) if isinstance(out, tuple) else result
 
     def _key_keep(self, idx, real, B, T, past, facts, device) -> torch.Tensor | None:
@@ -413,14 +450,23 @@ class SelectiveLayer:
                 mask = m.gather(2, call.idx[:, None, :, None].expand(B, m.shape[1], call.idx.shape[1], m.shape[3]))
                 mask = mask[..., :S]
             key_valid = self._key_valid(call, B, T, S, k_offset, mask is not None)
+            q_pos, idx = call.q_pos, call.idx
+            if call.rows is not None:  # batch-compacted decode step: the kept rows' keys, values and masks
+                r = call.rows
+                k, v, q_pos, idx = k.index_select(0, r), v.index_select(0, r), q_pos[r], idx[r]
+                mask = None if mask is None else mask.index_select(0, r)
+                key_valid = None if key_valid is None else key_valid.index_select(0, r)
+                B = r.numel()
             o, w = selective_attention(
-                q, call.q_pos, k, v, scale=attn.scaling, k_offset=k_offset, key_valid=key_valid,
+                q, q_pos, k, v, scale=attn.scaling, k_offset=k_offset, key_valid=key_valid,
                 window=self._window, softcap=self._softcap, mask=mask, backend=self.backend, attn_module=attn,
                 max_chunks=self.max_attention_chunks, min_chunk_keys=self.min_chunk_keys)
             out = attn.o_proj(o)
             if w is not None:  # rows that ran attention report their weights; bypassed rows report zeros
                 full = w.new_zeros(B, w.shape[1], T, w.shape[-1])
-                w = full.scatter(2, call.idx[:, None, :, None].expand_as(w), w)
+                w = full.scatter(2, idx[:, None, :, None].expand_as(w), w)
+                if call.rows is not None:
+                    w = w.new_zeros(call.x.shape[0], *w.shape[1:]).index_copy(0, call.rows, w)
             return out, w
 
         return forward
