@@ -210,3 +210,269 @@ def test_apply_hybrid_errors():
     with pytest.raises(UserError, match="every layer"):
         apply_hybrid(m, [0, 1, 2, 3], {})
     assert len(m.model.layers) == 4
+
+
+# -- cost table -----------------------------------------------------------------------------------------------------
+
+from orthorank.baselines.hybrid import check_targets, hybrid_search, moves_from  # noqa: E402
+from orthorank.bench.cost_table import CostTable, device_description  # noqa: E402
+from orthorank.method.plan import REMOVE  # noqa: E402
+
+SIG8 = dict(SIG, num_layers=8)
+CPU = {"type": "cpu", "name": "test cpu", "threads": 1}
+
+
+def table(fractions=None, dense=1.0, rest=0.5, sig=SIG8, device=CPU, model="tiny") -> CostTable:
+    return CostTable(model, dict(sig), dict(device), "float32", 1, 32, dense, rest,
+                     fractions or {"0.25": 0.4, "0.33": 0.5, "0.5": 0.7})
+
+
+def test_cost_table_predictions():
+    t = table()
+    assert t.predicted_speedup({}) == 1.0
+    assert t.predicted_speedup({1: REMOVE}) == pytest.approx(8.5 / 7.5)
+    assert t.predicted_speedup({1: 0.33, 2: REMOVE}) == pytest.approx(8.5 / (6 + 0.5 + 0.5))
+    assert t.max_speedup(list(range(1, 7))) == pytest.approx(8.5 / 2.5)
+    plan = Plan("orthorank", [1, 2], "tiny", dict(SIG8), selection=SelectionConfig(ratio=0.33))
+    assert t.plan_speedup(plan) == pytest.approx(8.5 / 7.5)
+    assert t.plan_speedup(Plan("prune", [3], "tiny", dict(SIG8))) == pytest.approx(8.5 / 7.5)
+    with pytest.raises(UserError, match="no selective-layer cost at ratio 0.4"):
+        t.layer_cost(0.4)
+
+
+def test_cost_table_cli_round_trip(tmp_path, capsys):
+    from cli_helpers import run_cli
+
+    out = tmp_path / "costs.json"
+    code, text, err = run_cli(capsys, "bench", "--model", "smollm2-135m-shape", "--num-layers", "4", "--device", "cpu",
+                              "--seq-len", "32", "--threads", "1", "--warmup", "1", "--repeats", "3",
+                              "--ratios", "0.5,0.25", "--cost-layers", "1,2", "--cost-table", out)
+    assert code == 0, err
+    data = json.loads(out.read_text())
+    assert data["format"] == "orthorank-cost-table/1" and data["model"] == "smollm2-135m-shape"
+    assert data["signature"]["num_layers"] == 4 and data["device"] == {**device_description("cpu"), "threads": 1}
+    assert data["dtype"] == "float32" and data["batch"] == 1 and data["seq_len"] == 32
+    assert set(data["costs"]["selective_fraction"]) == {"0.25", "0.5"}
+    assert data["measurements"]["layers_measured"] == [1, 2] and "same shape" in data["measurements"]["note"]
+    layer = data["measurements"]["per_layer"]["1"]
+    assert len(layer["dense_layer"]["times_s"]) == 3 and layer["selective"]["0.5"]["fraction_per_round"]["min_s"] > 0
+    assert data["measurements"]["dense_model"]["predicted_over_measured"] > 0
+    assert {"torch", "transformers", "git_commit", "device_name"} <= set(data["environment"])
+    t = CostTable.load(out)
+    assert t.ratios == [0.25, 0.5] and t.dense_layer_s > 0 and t.rest_s > 0
+    assert "selective layer at ratio 0.25" in text
+    # refuses to overwrite, and bad ratios are one-line errors
+    from cli_helpers import assert_user_error
+
+    assert_user_error(capsys, "exists", "bench", "--model", "smollm2-135m-shape", "--num-layers", "2",
+                      "--cost-table", out)
+    assert_user_error(capsys, "(0, 1)", "bench", "--model", "smollm2-135m-shape", "--num-layers", "2",
+                      "--ratios", "1.5", "--cost-table", tmp_path / "x.json")
+
+
+@pytest.mark.parametrize("body, fragment", [
+    (None, "does not exist"),
+    ("{not json", "not valid JSON"),
+    (json.dumps({"format": "something else"}), "not an orthorank cost table"),
+    (json.dumps({"format": "orthorank-cost-table/1", "model": "tiny"}), "malformed"),
+    ("neg", "malformed"),
+])
+def test_cost_table_file_errors(tmp_path, body, fragment):
+    path = tmp_path / "t.json"
+    if body == "neg":
+        d = table().to_dict()
+        d["costs"]["dense_layer_s"] = -1.0
+        body = json.dumps(d)
+    if body is not None:
+        path.write_text(body)
+    with pytest.raises(UserError) as exc:
+        CostTable.load(path)
+    assert fragment in str(exc.value)
+
+
+def test_cost_table_model_and_device_checks():
+    t = table()
+    t.check_model("tiny", dict(SIG8))
+    t.check_device(dict(CPU))
+    with pytest.raises(UserError, match="measured for model 'tiny'"):
+        t.check_model("other", dict(SIG8))
+    with pytest.raises(UserError, match="measured for model"):
+        t.check_model("tiny", dict(SIG8, num_layers=6))
+    with pytest.raises(UserError, match="measured on cpu 'test cpu', 1 thread"):
+        t.check_device(dict(CPU, threads=2))
+    with pytest.raises(UserError, match="this run is on cuda 'NVIDIA H200'"):
+        t.check_device({"type": "cuda", "name": "NVIDIA H200"})
+
+
+# -- search ---------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def calib():
+    m = tiny_model(layers=8, seed=3)
+    windows = torch.randint(3, 128, (8, 32), generator=torch.Generator().manual_seed(3))
+    return m, windows
+
+
+def full_model_loss(m, plan, windows):
+    apply_plan(m, plan)
+    try:
+        out = logits(m, windows)[:, :-1]
+        return float(F.cross_entropy(out.reshape(-1, out.shape[-1]), windows[:, 1:].reshape(-1)))
+    finally:
+        restore_dense(m)
+
+
+def test_moves_respect_the_cost_table():
+    t = table({"0.25": 0.4, "0.33": 0.5, "0.5": 1.2})  # ratio 0.5 measured slower than dense: never a move
+    moves = moves_from({1: 0.33, 2: REMOVE}, [1, 2, 3], [0.25, 0.33, 0.5], t)
+    assert moves == [(1, REMOVE), (1, 0.25), (3, REMOVE), (3, 0.25), (3, 0.33)]
+    t2 = table({"0.25": 0.6, "0.33": 0.5})  # 0.25 no cheaper than 0.33 here: 0.33 -> 0.25 is no move
+    assert (1, 0.25) not in moves_from({1: 0.33}, [1], [0.25, 0.33], t2)
+
+
+def test_search_reaches_targets_and_follows_its_rule(calib):
+    m, windows = calib
+    t = table()
+    targets = [1.15, 1.4]
+    result = hybrid_search(StackRunner(m, windows, 2), t, targets, [0.25, 0.33, 0.5], list(range(1, 7)),
+                           progress=False)
+    assert set(result.plans) == set(targets)
+    for target in targets:
+        actions = result.plans[target]
+        n = result.reached[target]
+        assert t.predicted_speedup(actions) >= target
+        assert result.steps[n - 1].speedup == pytest.approx(t.predicted_speedup(actions))
+        if n > 1:  # it stopped at the first step that reached the target
+            assert result.steps[n - 2].speedup < target
+        assert all(1 <= i <= 6 for i in actions)  # first and last layer untouched
+    # plans are nested: the second target continues from the first
+    small, big = result.plans[1.15], result.plans[1.4]
+    assert all(i in big for i in small)
+    # each step's loss is the loss of the full model with the plan applied (search = what is applied)
+    for n in (result.reached[1.15], result.reached[1.4]):
+        actions = {}
+        for s in result.steps[:n]:
+            actions[s.layer] = s.after
+        plan = Plan("hybrid", [], "tiny", dict(SIG8), actions=actions)
+        assert math.isclose(full_model_loss(m, plan, windows), result.steps[n - 1].loss, rel_tol=1e-5)
+    # step 1 by brute force: the lowest loss increase per share of time saved (or, where moves reach the target,
+    # the lowest-loss move among those, if it costs no more than the best-rate move)
+    dense = full_model_loss(m, Plan("dense", [], "tiny", dict(SIG8)), windows)
+    rates, losses = {}, {}
+    for move in moves_from({}, list(range(1, 7)), [0.25, 0.33, 0.5], t):
+        plan = Plan("hybrid", [], "tiny", dict(SIG8), actions={move[0]: move[1]})
+        losses[move] = full_model_loss(m, plan, windows)
+        saved = (t.layer_cost(None) - t.layer_cost(move[1])) / t.model_cost({})
+        rates[move] = (losses[move] - dense) / saved
+    first = (result.steps[0].layer, result.steps[0].after)
+    if not result.steps[0].finishing:
+        assert rates[first] == pytest.approx(min(rates.values()), abs=1e-6)
+    else:
+        reach = [mv for mv in losses if t.predicted_speedup({mv[0]: mv[1]}) >= 1.15]
+        assert losses[first] == pytest.approx(min(losses[mv] for mv in reach), abs=1e-6)
+
+
+def test_search_savings_come_from_the_cost_table(calib):
+    """Every step's saving is the table's cost of the layer before minus after, over the dense model's cost; a
+    ratio the search is not given never appears."""
+    m, windows = calib
+    t = table({"0.25": 0.3, "0.5": 0.9})
+    res = hybrid_search(StackRunner(m, windows, 4), t, [1.3], [0.5], list(range(1, 7)), progress=False)
+    assert set(res.plans[1.3].values()) <= {REMOVE, 0.5}
+    for s in res.steps:
+        assert s.saved == pytest.approx((t.layer_cost(s.before) - t.layer_cost(s.after)) / t.model_cost({}))
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_screened_search_equals_exhaustive_on_tiny_models(seed):
+    m = tiny_model(layers=8, seed=seed)
+    windows = torch.randint(3, 128, (8, 32), generator=torch.Generator().manual_seed(seed))
+    t = table()
+    full = hybrid_search(StackRunner(m, windows, 1), t, [1.3], [0.25, 0.5], list(range(1, 7)), progress=False)
+    fast = hybrid_search(StackRunner(m, windows, 1), t, [1.3], [0.25, 0.5], list(range(1, 7)), progress=False,
+                         screen_batches=2, recheck=3)
+    assert [(s.layer, s.after) for s in fast.steps] == [(s.layer, s.after) for s in full.steps]
+    assert fast.plans == full.plans
+
+
+def test_search_target_errors():
+    t = table()
+    inner = list(range(1, 7))
+    with pytest.raises(UserError, match="above 1"):
+        check_targets([1.0], t, inner)
+    with pytest.raises(UserError, match="out of reach"):
+        check_targets([3.5], t, inner)  # removing all 6 inner layers gives 8.5 / 2.5 = 3.4
+    assert check_targets([3.4, 1.2, 1.2], t, inner) == [1.2, 3.4]
+
+
+# -- the CLI end to end -------------------------------------------------------------------------------------------
+
+
+def _calibrate(tiny_hf_folder, text, *extra):
+    return ["calibrate", "--model", tiny_hf_folder, "--method", "hybrid", "--calib-data", text,
+            "--calib-samples", "4", "--seq-len", "32", "--threads", "1", *extra]
+
+
+def test_calibrate_hybrid_cli(tiny_hf_folder, tmp_path, capsys):
+    from cli_helpers import assert_user_error, run_cli
+
+    text = tmp_path / "calib.txt"
+    text.write_text("Some calibration text about many different things. " * 200)
+    costs = tmp_path / "costs.json"
+    code, _, err = run_cli(capsys, "bench", "--model", tiny_hf_folder, "--device", "cpu", "--seq-len", "32",
+                           "--threads", "1", "--repeats", "2", "--cost-table", costs)
+    assert code == 0, err
+    # a table whose selection is cheaper than dense at every ratio, so every kind of move is open
+    data = json.loads(costs.read_text())
+    data["costs"]["selective_fraction"] = {"0.25": 0.4, "0.33": 0.5, "0.5": 0.7}
+    costs.write_text(json.dumps(data))
+    t = CostTable.load(costs)
+    code, out, err = run_cli(capsys, *_calibrate(tiny_hf_folder, text, "--cost-table", costs, "--target-speedup",
+                                                 "1.1,1.3", "--out-dir", tmp_path / "plans"))
+    assert code == 0, err
+    for target in (1.1, 1.3):
+        plan = Plan.load(tmp_path / "plans" / f"hybrid-x{target:g}.json")
+        assert plan.method == "hybrid" and plan.provenance["target_speedup"] == target
+        assert t.plan_speedup(plan) >= target and plan.provenance["predicted_speedup"] >= target
+        assert plan.provenance["cost_table"]["device"] == t.device and len(plan.provenance["steps"]) >= 1
+        assert plan.label() == f"hybrid@{target:g}x"
+    # --sparsity S targets the speed-up of removing ceil(S L) layers, named like other saved plans
+    code, out, err = run_cli(capsys, *_calibrate(tiny_hf_folder, text, "--cost-table", costs, "--sparsity", "0.25",
+                                                 "--ratios", "0.33", "--out-dir", tmp_path / "plans"))
+    assert code == 0, err
+    plan = Plan.load(tmp_path / "plans" / "hybrid-0.25.json")
+    assert plan.target_sparsity == 0.25 and t.plan_speedup(plan) >= t.predicted_speedup({1: REMOVE}) - 1e-9
+    assert all(a in (REMOVE, 0.33) for a in plan.actions.values())
+    # the plan runs through the other commands
+    code, out, err = run_cli(capsys, "ppl", "--model", tiny_hf_folder, "--plan", tmp_path / "plans" / "hybrid-0.25.json",
+                             "--dataset", text, "--seq-len", "32", "--max-windows", "2", "--threads", "1")
+    assert code == 0, err
+    # errors, each one line and exit status 2
+    cal = lambda *a: _calibrate(tiny_hf_folder, text, *a)  # noqa: E731
+    o = ["-o", tmp_path / "x.json"]
+    assert_user_error(capsys, "needs --cost-table", *cal("--target-speedup", "1.2", *o))
+    assert_user_error(capsys, "above 1", *cal("--cost-table", costs, "--target-speedup", "1.0", *o))
+    assert_user_error(capsys, "above 1", *cal("--cost-table", costs, "--target-speedup", "0.8", *o))
+    assert_user_error(capsys, "out of reach", *cal("--cost-table", costs, "--target-speedup", "9", *o))
+    assert_user_error(capsys, "either --target-speedup", *cal("--cost-table", costs, *o))
+    assert_user_error(capsys, "no selective-layer cost at ratio 0.4",
+                      *cal("--cost-table", costs, "--target-speedup", "1.2", "--ratios", "0.4", *o))
+    assert_user_error(capsys, "does not exist", *cal("--cost-table", tmp_path / "none.json", "--target-speedup", "1.2", *o))
+    (tmp_path / "garbled.json").write_text("{\"format\": \"orthorank-cost-table/1\", \"costs\": 3}")
+    assert_user_error(capsys, "malformed", *cal("--cost-table", tmp_path / "garbled.json", "--target-speedup", "1.2", *o))
+    other = dict(data, model="another-model")
+    (tmp_path / "other-model.json").write_text(json.dumps(other))
+    assert_user_error(capsys, "measured for model 'another-model'",
+                      *cal("--cost-table", tmp_path / "other-model.json", "--target-speedup", "1.2", *o))
+    other = dict(data, device={"type": "cuda", "name": "NVIDIA H200"})
+    (tmp_path / "other-device.json").write_text(json.dumps(other))
+    assert_user_error(capsys, "measured on cuda 'NVIDIA H200'",
+                      *cal("--cost-table", tmp_path / "other-device.json", "--target-speedup", "1.2", *o))
+    assert_user_error(capsys, "1 thread(s), but this run is on cpu",  # --threads 2 after cal's --threads 1
+                      *cal("--cost-table", costs, "--target-speedup", "1.2", "--threads", "2", *o))
+    assert_user_error(capsys, "belong to --method hybrid",
+                      "calibrate", "--model", tiny_hf_folder, "--method", "sleb", "--sparsity", "0.2",
+                      "--cost-table", costs, *o)
+    assert_user_error(capsys, "hybrid plan", "bench", "--model", tiny_hf_folder, "--methods", "dense,sleb",
+                      "--plan", tmp_path / "plans" / "hybrid-0.25.json")
