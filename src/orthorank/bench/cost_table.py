@@ -229,6 +229,15 @@ def parse_ratios(text: str | list[float] | tuple[float, ...]) -> list[float]:
     return sorted({float(ratio_key(v)) for v in values})
 
 
+def _loadavg() -> list[float] | None:
+    try:
+        import os
+
+        return [round(v, 2) for v in os.getloadavg()]
+    except (AttributeError, OSError):
+        return None
+
+
 def _rest_forward(model: nn.Module, ids: torch.Tensor) -> Callable[[], Any]:
     """Prefill of the model with its decoder layers taken out: embedding, rotary tables, mask, final norm and the
     LM head on the last position (the LastTokenForward of `bench`)."""
@@ -269,6 +278,7 @@ def measure_cost_table(model: nn.Module, name: str, signature: dict[str, Any], d
     if repeats < 1 or warmup < 0:
         raise UserError("need at least 1 timed repeat and 0 or more warm-up rounds")
     base = selection or SelectionConfig()
+    load_before = _loadavg()
     cfg = model.config
     dtype = next(model.parameters()).dtype
     gen = torch.Generator().manual_seed(seed)
@@ -338,6 +348,8 @@ def measure_cost_table(model: nn.Module, name: str, signature: dict[str, Any], d
                      "timing": stats["rest"]},
             "dense_model": {"timing": stats["dense_model"], "predicted_s": predicted,
                             "predicted_over_measured": predicted / model_s},
+            # CPU timings depend on what else runs on the machine
+            "load_average": {"before": load_before, "after": _loadavg()},
         },
         settings={"warmup": warmup, "repeats": repeats, "seed": seed, "selection": base.to_dict(),
                   "order": "interleaved rounds, order rotated each round"},
@@ -362,3 +374,54 @@ def format_cost_table(table: CostTable) -> str:
     L = table.num_layers
     lines.append(f"  predicted speed-up of removing every inner layer: {table.max_speedup(list(range(1, L - 1))):.2f}x")
     return "\n".join(lines)
+
+
+def measure_plan_speedups(model: nn.Module, plans: dict[str, Any], device: torch.device, batch: int = 1,
+                          seq_len: int = 2048, repeats: int = 5, warmup: int = 1, seed: int = 0,
+                          log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Measured prefill speed-up of each plan over dense: the prefill of `bench` (decoder, then the LM head on the
+    last position), B x T random tokens, every plan applied with apply_plan (hybrid plans too), warm-up rounds
+    first, then `repeats` timed rounds with the order rotated each round. Per plan: timing summary, speed-up of
+    medians, and the per-round paired speed-ups (dense / plan in the same round) with their range."""
+    from orthorank.bench.runner import LastTokenForward, random_ids
+    from orthorank.method.apply import apply_plan, restore_dense
+
+    names = ["dense", *[k for k in plans if k != "dense"]]
+    ids = random_ids(model.config.vocab_size, batch, seq_len, device, seed)
+    times: dict[str, list[float]] = {k: [] for k in names}
+    load_before = _loadavg()
+    try:
+        with torch.inference_mode():
+            forward = LastTokenForward(model)
+
+            def run(name: str) -> float:
+                if name == "dense":
+                    restore_dense(model)
+                else:
+                    apply_plan(model, plans[name])
+                try:
+                    return time_call(lambda: forward(ids), device)
+                finally:
+                    restore_dense(model)
+
+            for _ in range(warmup):
+                for name in names:
+                    run(name)
+            for rnd in range(repeats):
+                k = rnd % len(names)
+                for name in names[k:] + names[:k]:
+                    times[name].append(run(name))
+                log(f"  round {rnd + 1}/{repeats}: " + ", ".join(f"{n} {times[n][-1]:.2f}s" for n in names))
+    finally:
+        restore_dense(model)
+    dense = summarize(times["dense"])
+    out: dict[str, Any] = {}
+    for name in names:
+        st = summarize(times[name])
+        paired = [d / t for d, t in zip(times["dense"], times[name])]
+        out[name] = {"timing": st, "speedup": dense["median_s"] / st["median_s"],
+                     "speedup_per_round": {"median": statistics.median(paired), "min": min(paired),
+                                           "max": max(paired), "values": [round(v, 4) for v in paired]}}
+    return {"batch": batch, "seq_len": seq_len, "repeats": repeats, "warmup": warmup,
+            "device": device_description(device), "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+            "load_average": {"before": load_before, "after": _loadavg()}, "plans": out}
