@@ -101,6 +101,14 @@ def evaluate(args) -> int:
     for p in plans.values():
         p.check_model(lm.name, lm.signature())
 
+    if args.ppl_only:  # fill the result store only (e.g. while a search runs); no timing, no tables
+        datasets, seq = ["wikitext2", "c4"], 2048
+        streams = {d: eval_stream(lm.tokenizer, d, load_eval_text(d), seq) for d in datasets}
+        windows = {d: make_windows(s, seq, args.max_windows) for d, s in streams.items()}
+        evaluate_rows(lm.model, [Row(n, 0.0, p) for n, p in plans.items()], windows, streams, ResultStore(args.store),
+                      1, progress=True, fingerprint=model_fingerprint(lm.model))
+        return 0
+
     # -- measured speed-ups (cached by plan content) ------------------------------------------------------------
     speed_file = out / "speed.json"
     speed = json.loads(speed_file.read_text()) if speed_file.is_file() and not args.remeasure else None
@@ -228,6 +236,7 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=5, help="timed rounds of the speed measurement")
     p.add_argument("--remeasure", action="store_true", help="time the plans again even if speed.json holds them")
     p.add_argument("--no-ppl", action="store_true", help="speed-ups only")
+    p.add_argument("--ppl-only", action="store_true", help="perplexities into the store only (no timing, no tables)")
     args = p.parse_args()
     from orthorank.errors import UserError
 

@@ -476,3 +476,75 @@ def test_calibrate_hybrid_cli(tiny_hf_folder, tmp_path, capsys):
                       "--cost-table", costs, *o)
     assert_user_error(capsys, "hybrid plan", "bench", "--model", tiny_hf_folder, "--methods", "dense,sleb",
                       "--plan", tmp_path / "plans" / "hybrid-0.25.json")
+
+
+# -- measuring plans, the frontier plot, compare's references -------------------------------------------------------
+
+
+def test_measured_speedups_and_frontier_plot(tmp_path):
+    from orthorank.analysis.frontier import FrontierPoint, plot_frontier
+    from orthorank.bench.cost_table import measure_plan_speedups
+
+    m = tiny_model(layers=6)
+    plans = {"dense": Plan("dense", [], "tiny", dict(SIG)), "prune": Plan("prune", [2, 3], "tiny", dict(SIG)),
+             "hybrid": hybrid({1: "remove", 2: 0.25})}
+    lines = []
+    res = measure_plan_speedups(m, plans, torch.device("cpu"), batch=1, seq_len=16, repeats=2, log=lines.append)
+    assert set(res["plans"]) == set(plans) and res["plans"]["dense"]["speedup"] == pytest.approx(1.0)
+    assert all(len(v["timing"]["times_s"]) == 2 and v["speedup"] > 0 for v in res["plans"].values())
+    assert len(lines) == 2 and len(m.model.layers) == 6  # restored to dense
+    pts = [FrontierPoint("dense", "dense", 1.0, None, None, {"wikitext2": (20.0, 19.0, 21.0)}),
+           FrontierPoint("sleb", "0.2", 1.2, (1.1, 1.3), 1.25, {"wikitext2": (60.0, 55.0, 65.0)}),
+           FrontierPoint("hybrid", "x1.25", 1.24, (1.2, 1.3), 1.25, {"wikitext2": (50.0, 45.0, 55.0)})]
+    assert plot_frontier(pts, ["wikitext2"], tmp_path / "f.png").stat().st_size > 1000
+
+
+def test_compare_references_of_hybrid_rows():
+    from orthorank.evaluation.compare import Row, reference_rows
+
+    rows = [Row("dense", 0.0, Plan("dense", [], "tiny", dict(SIG))),
+            Row("sleb", 0.2, Plan("prune", [2], "tiny", dict(SIG))),
+            Row("orthorank", 0.2, Plan("orthorank", [2], "tiny", dict(SIG))),
+            Row("orthorank (random)", 0.2, Plan("orthorank", [2], "tiny", dict(SIG))),
+            Row("sleb", 0.1, Plan("prune", [3], "tiny", dict(SIG))),
+            Row("hybrid", 0.2, hybrid({2: "remove", 3: 0.33}))]
+    assert [r.method for r in reference_rows(rows[-1], rows)] == ["sleb", "orthorank"]
+    assert all(r.level == 0.2 for r in reference_rows(rows[-1], rows))
+
+
+def test_registry_knows_hybrid():
+    from orthorank.methods import METHODS, searched
+
+    assert METHODS["hybrid"].plan_kind == "hybrid" and "hybrid" in searched()
+    with pytest.raises(UserError, match="cost table"):
+        METHODS["hybrid"].layer_count(0.2, 30, 0.33)
+
+
+@pytest.mark.data
+def test_compare_runs_saved_hybrid_plans(tiny_hf_folder, tmp_path, monkeypatch, capsys):
+    """`calibrate --method hybrid --sparsity S` saves plans/<model>/hybrid-<S>.json, which compare evaluates beside
+    the pruning plan of the same level and compares with it on the same windows."""
+    from cli_helpers import run_cli
+
+    monkeypatch.chdir(tmp_path)
+    text = tmp_path / "calib.txt"
+    text.write_text("Some calibration text about many different things. " * 200)
+    name = tiny_hf_folder.name
+    costs = tmp_path / "costs.json"
+    assert run_cli(capsys, "bench", "--model", tiny_hf_folder, "--device", "cpu", "--seq-len", "32", "--threads", "1",
+                   "--repeats", "2", "--cost-table", costs)[0] == 0
+    data = json.loads(costs.read_text())
+    data["costs"]["selective_fraction"] = {"0.25": 0.4, "0.33": 0.5, "0.5": 0.7}
+    costs.write_text(json.dumps(data))
+    common = ["--model", tiny_hf_folder, "--calib-data", text, "--calib-samples", "4", "--seq-len", "32",
+              "--threads", "1", "--sparsity", "0.25", "--out-dir", f"plans/{name}"]
+    assert run_cli(capsys, "calibrate", "--method", "sleb", *common)[0] == 0
+    code, out, err = run_cli(capsys, "calibrate", "--method", "hybrid", "--cost-table", costs, *common)
+    assert code == 0, err
+    code, out, err = run_cli(capsys, "compare", "--model", tiny_hf_folder, "--methods", "dense,sleb,hybrid",
+                             "--sparsity", "0.25", "--datasets", "wikitext2", "--seq-len", "64", "--max-windows", "3",
+                             "--out", "out", "--store", "store", "--threads", "1")
+    assert code == 0, err
+    assert "| hybrid | 0.25 |" in out
+    result = json.loads((tmp_path / "out" / "compare.json").read_text())
+    assert {(c["a"], c["b"]) for c in result["comparisons"]} >= {("hybrid", "sleb"), ("sleb", "dense")}
