@@ -548,3 +548,24 @@ def test_compare_runs_saved_hybrid_plans(tiny_hf_folder, tmp_path, monkeypatch, 
     assert "| hybrid | 0.25 |" in out
     result = json.loads((tmp_path / "out" / "compare.json").read_text())
     assert {(c["a"], c["b"]) for c in result["comparisons"]} >= {("hybrid", "sleb"), ("sleb", "dense")}
+
+
+def test_plan_options_on_hybrid_plans(tiny_hf_folder, tmp_path, capsys):
+    """--order and the other selection options apply to a hybrid plan's selection layers; --ratio does not."""
+    from cli_helpers import assert_user_error, run_cli
+    from orthorank.models.loading import load_model
+
+    lm = load_model(str(tiny_hf_folder), device="cpu")
+    path = Plan("hybrid", [], lm.name, lm.signature(), actions={1: 0.5, 2: "remove"}).save(tmp_path / "h.json")
+    text = tmp_path / "t.txt"
+    text.write_text("Some evaluation text about many different things. " * 100)
+    base = ["ppl", "--model", tiny_hf_folder, "--plan", path, "--dataset", text, "--seq-len", "32",
+            "--max-windows", "2", "--threads", "1"]
+    code, out, err = run_cli(capsys, *base, "--json", tmp_path / "r.json")
+    assert code == 0, err
+    code, _, err = run_cli(capsys, *base, "--order", "random", "--json", tmp_path / "random.json")
+    assert code == 0, err
+    a, b = (json.loads((tmp_path / f).read_text()) for f in ("r.json", "random.json"))
+    assert a["result"]["perplexity"] != b["result"]["perplexity"]
+    assert b["plan"]["selection"]["order"] == "random" and b["plan"]["actions"] == {"1": 0.5, "2": "remove"}
+    assert_user_error(capsys, "--ratio does not apply", *base, "--ratio", "0.5")
