@@ -31,5 +31,5 @@ if [ -n "$MISSING" ]; then
   $ORTHORANK calibrate --model smollm2-135m --method hybrid --dtype bfloat16 --threads "$THREADS" \
     --cost-table "$TABLE" --target-speedup "$MISSING" --screen-fraction 0.25 --out-dir plans/smollm2-135m
 fi
-$PY benchmarks/hybrid.py evaluate --cost-table "$TABLE" --threads "$THREADS" --max-windows "$MAX_WINDOWS" \
+$PY benchmarks/hybrid.py evaluate --cost-table "$TABLE" --threads "$THREADS" --max-windows "$MAX_WINDOWS" --repeats "${REPEATS:-7}" \
   --store "${STORE:-benchmarks/results/store}"
