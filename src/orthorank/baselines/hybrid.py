@@ -115,7 +115,10 @@ def check_targets(targets: list[float], table: CostTable, candidates: list[int])
 def hybrid_search(runner: StackRunner, table: CostTable, targets: list[float], ratios: list[float],
                   candidates: list[int], selection: SelectionConfig | None = None, progress: bool = True,
                   screen_batches: int | None = None, recheck: int = 3,
-                  log: Callable[[str], None] | None = None) -> HybridResult:
+                  log: Callable[[str], None] | None = None,
+                  on_reached: Callable[[float, HybridResult], None] | None = None) -> HybridResult:
+    """The greedy search above; `on_reached(target, result)` is called as each target is reached (so a caller can
+    write that plan before the search goes on)."""
     from orthorank import distributed as dist
 
     start_t = time.perf_counter()
@@ -232,6 +235,10 @@ def hybrid_search(runner: StackRunner, table: CostTable, targets: list[float], r
             t = pending.pop(0)
             result.plans[t] = dict(actions)
             result.reached[t] = len(steps)
+            if on_reached is not None:
+                result.seconds = time.perf_counter() - start_t
+                result.evaluations = runner.evaluations
+                on_reached(t, result)
     bar.close()
     result.seconds = time.perf_counter() - start_t
     result.evaluations = runner.evaluations

@@ -106,14 +106,12 @@ def run_hybrid(args) -> int:
         f"{args.calib_data} (seed {args.seed})" + (", exhaustive" if screen is None else
                                                   f", screening on {screen} of {len(runner.batches)} batches")
         + f", {dist.world_size()} process(es)")
-    result = hybrid_search(runner, table, targets, ratios, candidates, selection, progress=True,
-                           screen_batches=screen, recheck=args.recheck, log=say)
-    say(f"hybrid: search took {result.seconds:.1f}s, {len(result.steps)} steps ({result.evaluations} move "
-        f"evaluations; dense calibration loss {result.dense_loss:.4f})")
-    if not dist.is_main():
-        return 0
     table_digest = hashlib.sha256(Path(args.cost_table).read_bytes()).hexdigest()[:16]
-    for t in targets:
+
+    def write(t: float, result) -> None:
+        """Save the plan of target t as soon as the search reaches it."""
+        if not dist.is_main():
+            return
         actions = result.plans[t]
         n = result.reached[t]
         plan = Plan(
@@ -140,15 +138,20 @@ def run_hybrid(args) -> int:
                                 "seed": args.seed},
                 "search_mode": "exhaustive" if screen is None else {"screen_batches": screen,
                                                                     "recheck": args.recheck},
-                "search_seconds": round(result.seconds, 2),
+                "search_seconds": round(result.seconds, 2),  # up to this target
                 "search_device": f"{lm.device} x {dist.world_size()}, dtype "
                                  f"{str(lm.model.dtype).removeprefix('torch.')}, {torch.get_num_threads()} threads",
                 "evaluations": result.evaluations,
             },
         )
         plan.save(outputs[t], overwrite=args.overwrite)
-        removed = plan.removed_layers
         sel = {i: c.ratio for i, c in plan.selection_layers.items()}
         print(f"  target {t:.4f}x: predicted {plan.provenance['predicted_speedup']:.4f}x after {n} steps; removed "
-              f"{removed}, selection {sel}; calibration loss {plan.provenance['loss']:.4f}; wrote {outputs[t]}")
+              f"{plan.removed_layers}, selection {sel}; calibration loss {plan.provenance['loss']:.4f}; wrote "
+              f"{outputs[t]}", flush=True)
+
+    result = hybrid_search(runner, table, targets, ratios, candidates, selection, progress=True,
+                           screen_batches=screen, recheck=args.recheck, log=say, on_reached=write)
+    say(f"hybrid: search took {result.seconds:.1f}s, {len(result.steps)} steps ({result.evaluations} move "
+        f"evaluations; dense calibration loss {result.dense_loss:.4f})")
     return 0
