@@ -18,7 +18,7 @@ from orthorank.method.plan import DEFAULT_COST_SEQ_LEN, layers_for_sparsity
 @dataclass(frozen=True)
 class Method:
     name: str
-    plan_kind: str  # "dense", "orthorank" (token selection) or "prune" (layer removal)
+    plan_kind: str  # "dense", "orthorank" (token selection), "prune" (layer removal) or "hybrid" (both, per layer)
     reference: str
     search: str | None = None  # key in baselines.registry.SEARCHES: the calibration search that finds the layers
     match: str = "compute"  # layer-count rule against pruning: "compute" (FLOPs) or "nominal" (the paper's)
@@ -33,6 +33,8 @@ class Method:
                     seq_len: int = DEFAULT_COST_SEQ_LEN) -> int:
         if self.plan_kind == "dense":
             return 0
+        if self.plan_kind == "hybrid":
+            raise UserError("a hybrid plan's layers come from its search under a cost table, not from a count")
         return layers_for_sparsity(sparsity, num_layers, self.plan_kind, ratio, match=self.match, arch=arch,
                                    seq_len=seq_len)
 
@@ -46,6 +48,11 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("sleb", "prune", "Song et al. 2024 (greedy block removal)", search="sleb"),
     Method("shortened-ppl", "prune", "Kim et al. 2024 (one-shot PPL criterion)", search="shortened-ppl"),
     Method("shortgpt", "prune", "Men et al. 2024 (Block Influence)", search="shortgpt"),
+    # Hybrid: per layer remove / select at a ratio / keep, searched under a measured cost table
+    # (`calibrate --method hybrid --cost-table FILE --target-speedup X`). Its saved plans hybrid-<s>.json target the
+    # predicted speed-up of removing ceil(s L) layers; `bench` does not time hybrid plans (benchmarks/hybrid.py does).
+    Method("hybrid", "hybrid", "this project: greedy remove / select / keep per layer at a measured speed-up target",
+           search="hybrid"),
     Method("spread-orthorank", "orthorank", "token selection in evenly spread layers (speed measurements)",
            layers="spread"),
     Method("spread-prune", "prune", "removal of evenly spread layers (speed measurements)", layers="spread"),

@@ -64,6 +64,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="on CUDA out-of-memory, halve the batch and retry (the batch used is recorded)")
     p.add_argument("--layer-index", type=int, default=None, help="layer mode: which layer (default: middle)")
     p.add_argument("--profile", action="store_true", help="layer mode: print a profiler table per layer type")
+    p.add_argument("--cost-table", default=None, metavar="FILE",
+                   help="instead of the modes above, measure this device's cost table for hybrid plans and write it "
+                        "to FILE: one dense decoder layer, a selective layer at each of --ratios, and the rest of the "
+                        "model, at --batch x --seq-len (`orthorank calibrate --method hybrid` reads it)")
+    p.add_argument("--ratios", default=None, help="cost table: selection ratios to measure (default 0.25,0.33,0.5)")
+    p.add_argument("--cost-layers", default=None,
+                   help="cost table: layers to time (comma-separated or 'all'; default the middle one, since "
+                        "layers of one model have the same shape)")
     add_selection_args(p)
     add_output_args(p)
     p.set_defaults(func=run)
@@ -77,7 +85,9 @@ def _check(args) -> None:
     if args.warmup < 0:
         raise UserError("--warmup must be 0 or more")
     for m in args.methods:
-        get_method(m)
+        if get_method(m).plan_kind == "hybrid":
+            raise UserError("bench times dense, prune and orthorank plans, not hybrid ones; for hybrid plans use "
+                            "`bench --cost-table` (predicted) or benchmarks/hybrid.py (measured)")
 
 
 def _loadavg() -> list[float] | None:
@@ -92,7 +102,39 @@ def _oom_types() -> tuple[type[BaseException], ...]:
                              getattr(torch.cuda, "OutOfMemoryError", None)) if t is not None)
 
 
+def run_cost_table(args) -> int:
+    from orthorank.bench.cost_table import DEFAULT_RATIOS, format_cost_table, measure_cost_table, parse_ratios
+    from orthorank.method.plan import parse_layers
+
+    ratios = parse_ratios(args.ratios if args.ratios is not None else list(DEFAULT_RATIOS))
+    if len(args.batch) != 1:
+        raise UserError("--cost-table takes one --batch")
+    if args.warmup < 0:
+        raise UserError("--warmup must be 0 or more")
+    if args.json_out:
+        raise UserError("--cost-table writes its own file; drop --json")
+    check_writable(args.cost_table, args.overwrite)
+    lm = load_from_args(args)
+    layers = None
+    if args.cost_layers is not None:
+        layers = (list(range(lm.num_layers)) if args.cost_layers.strip() == "all"
+                  else parse_layers(args.cost_layers, lm.num_layers))
+    selection = selection_from_args(args)
+    print(f"cost table for {lm.name} ({lm.num_layers} layers, {next(lm.model.parameters()).dtype}, {lm.device}, "
+          f"{torch.get_num_threads()} thread(s)): batch {args.batch[0]} x {args.seq_len}, ratios "
+          f"{', '.join(f'{r:g}' for r in ratios)}, {args.warmup} warm-up + {args.repeats} timed rounds")
+    table = measure_cost_table(lm.model, lm.name, lm.signature(), lm.device, ratios, batch=args.batch[0],
+                               seq_len=args.seq_len, warmup=args.warmup, repeats=args.repeats, layers=layers,
+                               selection=selection, seed=args.seed)
+    path = table.save(args.cost_table, overwrite=args.overwrite, device=lm.device)
+    print(format_cost_table(table))
+    print(f"wrote {path}")
+    return 0
+
+
 def run(args) -> int:
+    if args.cost_table:
+        return run_cost_table(args)
     _check(args)
     check_writable(args.json_out, args.overwrite)
     plans = [(path, Plan.load(path)) for path in args.plan]
@@ -101,6 +143,10 @@ def run(args) -> int:
         plan.check_model(lm.name, lm.signature())
         if plan.method == "dense":
             raise UserError(f"plan file {path} is a dense plan; nothing to override")
+        if plan.method == "hybrid":
+            raise UserError(f"plan file {path} is a hybrid plan; bench times dense, prune and orthorank plans "
+                            "(predict a hybrid plan's speed-up from `bench --cost-table`, or time it with "
+                            "benchmarks/hybrid.py)")
     selection = selection_from_args(args)
     specs = method_specs(args.methods, lm.num_layers, args.sparsity, selection, plans, model_name=lm.name,
                          arch=Arch.from_config(lm.config, lm.num_layers), seq_len=args.seq_len)

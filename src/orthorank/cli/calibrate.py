@@ -57,8 +57,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                                    "on calibration text disjoint from the evaluation text.")
     add_model_args(p)
     p.add_argument("--method", required=True, choices=searched(),
-                   help="orthorank-nominal is orthorank with --match nominal")
-    p.add_argument("--sparsity", required=True, help="one value or a list, e.g. 0.1,0.2 (greedy runs once)")
+                   help="orthorank-nominal is orthorank with --match nominal; hybrid needs --cost-table")
+    p.add_argument("--sparsity", default=None, help="one value or a list, e.g. 0.1,0.2 (greedy runs once); for "
+                   "hybrid: the predicted speed-up of removing ceil(s L) layers on the cost table")
+    p.add_argument("--target-speedup", default=None,
+                   help="hybrid: predicted prefill speed-up(s) to reach, e.g. 1.1,1.25 (one search, one plan each)")
+    p.add_argument("--cost-table", default=None, metavar="FILE",
+                   help="hybrid: this device's cost table, from `orthorank bench --cost-table FILE`")
+    p.add_argument("--ratios", default=None,
+                   help="hybrid: selection ratios the search may use (default: every ratio on the cost table)")
     add_selection_args(p)
     p.add_argument("--calib-data", default="c4", help="c4 (sample documents not used for evaluation), "
                    "wikitext2-train (hub), or a text file")
@@ -84,6 +91,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args) -> int:
+    if args.method == "hybrid":
+        from orthorank.cli.calibrate_hybrid import run_hybrid
+
+        return run_hybrid(args)
+    if args.sparsity is None:
+        raise UserError(f"--method {args.method} needs --sparsity")
+    if args.target_speedup is not None or args.cost_table is not None or args.ratios is not None:
+        raise UserError("--target-speedup, --cost-table and --ratios belong to --method hybrid")
     method = METHODS[args.method]
     if method.match != "compute":  # orthorank-nominal: the search of orthorank under the nominal rule
         args.match = [method.match]

@@ -122,7 +122,9 @@ def plan_from_args(args, lm: LoadedModel) -> Plan:
         plan = Plan.load(args.plan)
         plan.check_model(lm.name, lm.signature())
         overrides = (args.ratio, args.criterion, args.source, args.order, args.decode)
-        if plan.method == "orthorank" and (any(v is not None for v in overrides) or args.no_bypass_kv):
+        if plan.method == "hybrid" and args.ratio is not None:
+            raise UserError("a hybrid plan sets each selection layer's ratio; --ratio does not apply to it")
+        if plan.method in ("orthorank", "hybrid") and (any(v is not None for v in overrides) or args.no_bypass_kv):
             plan.selection = selection_from_args(args, plan.selection)
         return plan
     if args.method == "dense":
@@ -173,7 +175,9 @@ def plan_for(args, lm, saved: Path | None) -> Plan:
         plan = Plan.load(saved)
         plan.check_model(lm.name, lm.signature())
         overrides = (args.ratio, args.criterion, args.source, args.order, args.decode)
-        if plan.method == "orthorank" and (any(v is not None for v in overrides) or args.no_bypass_kv):
+        if plan.method == "hybrid" and args.ratio is not None:
+            raise UserError("a hybrid plan sets each selection layer's ratio; --ratio does not apply to it")
+        if plan.method in ("orthorank", "hybrid") and (any(v is not None for v in overrides) or args.no_bypass_kv):
             plan.selection = selection_from_args(args, plan.selection)
         return plan
     return plan_from_args(args, lm)

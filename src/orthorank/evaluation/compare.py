@@ -146,6 +146,9 @@ def reference_rows(row: Row, rows: list[Row]) -> list[Row]:
         return []
     if row.ablation is not None:
         return [r for r in rows if r.method == row.family and r.level == row.level]
+    if row.family == "hybrid":  # against every pruning method and OrthoRank at its level
+        return [r for r in rows if r.level == row.level and r.ablation is None
+                and (r.method in PRUNING or r.family.startswith("orthorank"))]
     if row.family.startswith("orthorank"):
         return [r for r in rows if r.method in PRUNING and r.level == row.level]
     return [r for r in rows if r.method == "dense"]

@@ -44,47 +44,13 @@ def selective(layer: nn.Module) -> SelectiveLayer | None:
 
 def apply_orthorank(model: nn.Module, layers: list[int], config: SelectionConfig) -> nn.Module:
     """Make the given decoder layers token-selective, in place."""
-    adapter = get_adapter(model)
-    restore_dense(model)
-    original = adapter.layers(model)
-    bad = [i for i in layers if not 0 <= i < len(original)]
-    if bad:
-        raise UserError(f"layer indices {bad} are out of range for a model with {len(original)} layers")
-    backend_for(getattr(model.config, "_attn_implementation", None))  # unsupported implementations fail here
-    state = _begin(model)
-    context = SequenceContext()
-    state["hooks"].append(adapter.decoder(model).register_forward_pre_hook(context.capture, with_kwargs=True))
-    for i in sorted(set(layers)):
-        layer = original[i]
-        sel = SelectiveLayer(layer, adapter, config, context, i, inner=current_forward(layer))
-        state["restores"].append(install_forward(layer, sel))
-        state["restores"].append(sel.install_router())
-        setattr(layer, _LAYER_ATTR, sel)
-        state["restores"].append(lambda layer=layer: delattr(layer, _LAYER_ATTR))
-    return model
+    return apply_hybrid(model, [], {i: config for i in layers})
 
 
 def prune_layers(model: nn.Module, layers: list[int]) -> nn.Module:
     """Remove whole decoder layers (SLEB, Shortened LLaMA, ShortGPT). Kept layers are renumbered so that the
     KV cache, which is indexed by layer, stays dense."""
-    adapter = get_adapter(model)
-    restore_dense(model)
-    original = adapter.layers(model)
-    drop = set(layers)
-    if any(not 0 <= i < len(original) for i in drop):
-        raise UserError(f"layer indices {sorted(drop)} are out of range for a model with {len(original)} layers")
-    if len(drop) >= len(original):
-        raise UserError("a plan cannot remove every layer")
-    state = _begin(model)
-    kept = [i for i in range(len(original)) if i not in drop]
-    state["attn_layer_idx"] = {i: original[i].self_attn.layer_idx for i in kept}
-    for new, old in enumerate(kept):
-        original[old].self_attn.layer_idx = new
-    adapter.set_layers(model, nn.ModuleList(original[i] for i in kept))
-    model.config.num_hidden_layers = len(kept)
-    if isinstance(state["layer_types"], list):
-        model.config.layer_types = [state["layer_types"][i] for i in kept]
-    return model
+    return apply_hybrid(model, layers, {})
 
 
 def restore_dense(model: nn.Module) -> nn.Module:
@@ -105,9 +71,56 @@ def restore_dense(model: nn.Module) -> nn.Module:
     return model
 
 
+def apply_hybrid(model: nn.Module, removed: list[int], selections: dict[int, SelectionConfig]) -> nn.Module:
+    """Remove some decoder layers and make others token-selective, each with its own SelectionConfig, in place
+    (apply_orthorank and prune_layers are its two halves).
+
+    Indices are the original model's. Selection is installed on the layer instances first (each SelectiveLayer keeps
+    its original index, as apply_orthorank gives it), then the removed layers leave the layer list and the kept ones
+    are renumbered for the KV cache, as prune_layers does. The result equals removing the layers from the model and
+    then selecting tokens in the kept layers at their new positions (tests/test_hybrid.py)."""
+    adapter = get_adapter(model)
+    restore_dense(model)
+    original = adapter.layers(model)
+    drop = set(removed)
+    bad = sorted(i for i in drop | set(selections) if not 0 <= i < len(original))
+    if bad:
+        raise UserError(f"layer indices {bad} are out of range for a model with {len(original)} layers")
+    both = sorted(drop & set(selections))
+    if both:
+        raise UserError(f"layers {both} cannot be both removed and selective")
+    if len(drop) >= len(original):
+        raise UserError("a plan cannot remove every layer")
+    if selections:
+        backend_for(getattr(model.config, "_attn_implementation", None))
+    state = _begin(model)
+    if selections:
+        context = SequenceContext()
+        state["hooks"].append(adapter.decoder(model).register_forward_pre_hook(context.capture, with_kwargs=True))
+        for i in sorted(selections):
+            layer = original[i]
+            sel = SelectiveLayer(layer, adapter, selections[i], context, i, inner=current_forward(layer))
+            state["restores"].append(install_forward(layer, sel))
+            state["restores"].append(sel.install_router())
+            setattr(layer, _LAYER_ATTR, sel)
+            state["restores"].append(lambda layer=layer: delattr(layer, _LAYER_ATTR))
+    if drop:
+        kept = [i for i in range(len(original)) if i not in drop]
+        state["attn_layer_idx"] = {i: original[i].self_attn.layer_idx for i in kept}
+        for new, old in enumerate(kept):
+            original[old].self_attn.layer_idx = new
+        adapter.set_layers(model, nn.ModuleList(original[i] for i in kept))
+        model.config.num_hidden_layers = len(kept)
+        if isinstance(state["layer_types"], list):
+            model.config.layer_types = [state["layer_types"][i] for i in kept]
+    return model
+
+
 def apply_plan(model: nn.Module, plan: Plan) -> nn.Module:
     if plan.method == "dense":
         return restore_dense(model)
     if plan.method == "orthorank":
         return apply_orthorank(model, plan.layers, plan.selection)
+    if plan.method == "hybrid":
+        return apply_hybrid(model, plan.removed_layers, plan.selection_layers)
     return prune_layers(model, plan.layers)

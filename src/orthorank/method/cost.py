@@ -130,3 +130,14 @@ def selection_layers_to_match(arch: Arch, seq_len: int, target: float, ratio: fl
     while n <= arch.num_layers and compute_sparsity(arch, seq_len, "orthorank", n, ratio) < target - 1e-12:
         n += 1
     return n
+
+
+def hybrid_compute_sparsity(arch: Arch, seq_len: int, removed: int, ratios: list[float]) -> float:
+    """Share of the dense model's per-token FLOPs a hybrid plan skips: `removed` layers removed and one selection
+    layer per entry of `ratios`, each at its own ratio."""
+    if removed == 0 and not ratios:
+        return 0.0
+    dense_layer = layer_flops(arch, seq_len).dense
+    plain = arch.num_layers - removed - len(ratios)
+    flops = plain * dense_layer + sum(selection_layer_flops(arch, seq_len, r) for r in ratios) + head_flops(arch)
+    return 1.0 - flops / model_flops(arch, seq_len)

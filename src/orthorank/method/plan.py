@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -10,11 +11,15 @@ from pathlib import Path
 from typing import Any
 
 from orthorank.errors import UserError
-from orthorank.method.cost import Arch, compute_sparsity, nominal_sparsity, selection_layers_to_match
+from orthorank.method.cost import (
+    Arch, compute_sparsity, hybrid_compute_sparsity, nominal_sparsity, selection_layers_to_match,
+)
 from orthorank.method.selection import SelectionConfig
 
 PLAN_FORMAT = "orthorank-plan/1"
-METHODS = ("dense", "orthorank", "prune")
+METHODS = ("dense", "orthorank", "prune", "hybrid")
+# A hybrid plan's per-layer actions: layer -> "remove" or the selection ratio of that layer.
+REMOVE = "remove"
 # How many selection layers a sparsity level means for OrthoRank (pruning always removes ceil(s * L) layers):
 # "compute": the fewest selection layers whose compute sparsity (FLOPs skipped at the evaluated sequence length,
 # counting what bypassed tokens still run) is at least that of pruning ceil(s * L) layers - the fair default;
@@ -78,16 +83,47 @@ class Plan:
     target_sparsity: float | None = None  # the level asked for (e.g. 0.2); see `match` in the provenance
     provenance: dict[str, Any] = field(default_factory=dict)
     arch: dict[str, int] | None = None  # Arch fields, for FLOP counts without loading the model
+    # Hybrid plans only: layer -> "remove" or that selection layer's ratio (the other SelectionConfig fields come
+    # from `selection`, whose own ratio is unused). `layers` is then every changed layer.
+    actions: dict[int, str | float] | None = None
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             raise UserError(f"unknown plan method {self.method!r}; choose one of {', '.join(METHODS)}")
+        if self.method == "hybrid":
+            self.actions = _check_actions(self.actions)
+            self.layers = sorted(self.actions)
+        elif self.actions is not None:
+            raise UserError(f"per-layer actions belong to hybrid plans, not to a {self.method} plan")
         n = self.signature.get("num_layers")
         if n is not None:
             parse_layers(",".join(map(str, self.layers)), n)
         self.layers = sorted(set(self.layers))
-        if self.method == "orthorank" and self.selection is None:
+        if self.method in ("orthorank", "hybrid") and self.selection is None:
             self.selection = SelectionConfig()
+        if self.method == "hybrid" and n is not None and len(self.removed_layers) >= n:
+            raise UserError("a plan cannot remove every layer")
+
+    # -- hybrid plans: removed layers and selection layers with their own ratios ---------------------------------
+
+    @property
+    def removed_layers(self) -> list[int]:
+        """Layers the plan removes (a prune plan's layers; a hybrid plan's "remove" actions)."""
+        if self.method == "prune":
+            return list(self.layers)
+        if self.method == "hybrid":
+            return sorted(i for i, a in self.actions.items() if a == REMOVE)
+        return []
+
+    @property
+    def selection_layers(self) -> dict[int, SelectionConfig]:
+        """Selection layers and the SelectionConfig each runs (per-layer ratio in hybrid plans)."""
+        if self.method == "orthorank":
+            return {i: self.selection for i in self.layers}
+        if self.method == "hybrid":
+            return {i: dataclasses.replace(self.selection, ratio=float(a))
+                    for i, a in sorted(self.actions.items()) if a != REMOVE}
+        return {}
 
     @property
     def num_layers(self) -> int:
@@ -99,7 +135,10 @@ class Plan:
 
     @property
     def nominal_sparsity(self) -> float:
-        """The paper's measure: (n / L) * (1 - r), or removed / L."""
+        """The paper's measure: (n / L) * (1 - r), or removed / L (hybrid: (removed + sum of (1 - r)) / L)."""
+        if self.method == "hybrid":
+            skipped = len(self.removed_layers) + sum(1.0 - c.ratio for c in self.selection_layers.values())
+            return skipped / self.num_layers
         return nominal_sparsity(self.num_layers, self.method, len(self.layers), self.ratio)
 
     # Old name of the nominal measure, kept for callers of the first plan format.
@@ -110,6 +149,9 @@ class Plan:
         arch = arch or (Arch(**self.arch) if self.arch else None)
         if arch is None:
             return None
+        if self.method == "hybrid":
+            return hybrid_compute_sparsity(arch, seq_len, len(self.removed_layers),
+                                           [c.ratio for c in self.selection_layers.values()])
         return compute_sparsity(arch, seq_len, self.method, len(self.layers), self.ratio)
 
     def sparsity(self, arch: Arch | None = None, seq_len: int = DEFAULT_COST_SEQ_LEN,
@@ -123,16 +165,20 @@ class Plan:
         if self.method == "dense":
             return "dense"
         name = self.provenance.get("search", self.method)
+        if self.target_sparsity is None and self.provenance.get("target_speedup") is not None:
+            return f"{name}@{self.provenance['target_speedup']:g}x"
         return f"{name}@{self.target_sparsity:g}" if self.target_sparsity is not None else name
 
     def content_hash(self) -> str:
         """What the plan does (method, layers, selection, model), not where it came from: the result store's key."""
         body = {"method": self.method, "layers": self.layers, "model": self.model, "signature": self.signature,
                 "selection": self.selection.to_dict() if self.selection else None}
+        if self.actions is not None:  # only hybrid plans have the key: other plans' hashes stay as they were
+            body["actions"] = _actions_json(self.actions)
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "format": PLAN_FORMAT,
             "model": self.model,
             "signature": self.signature,
@@ -144,6 +190,9 @@ class Plan:
             "arch": self.arch,
             "provenance": self.provenance,
         }
+        if self.actions is not None:
+            out["actions"] = _actions_json(self.actions)
+        return out
 
     def save(self, path: str | Path, overwrite: bool = False) -> Path:
         path = Path(path)
@@ -169,6 +218,8 @@ class Plan:
                 target_sparsity=data.get("target_sparsity", data.get("nominal_sparsity")),
                 provenance=dict(data.get("provenance") or {}),
                 arch=dict(data["arch"]) if data.get("arch") else None,
+                actions=({int(k): v for k, v in dict(data["actions"]).items()}
+                         if data.get("actions") is not None else None),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise UserError(f"{source} is malformed: {type(exc).__name__}: {exc}") from None
@@ -189,3 +240,26 @@ class Plan:
             raise UserError(
                 f"this plan was made for model {self.model!r} {self.signature}, not for {name!r} {signature}"
             )
+
+
+def _check_actions(actions: Any) -> dict[int, str | float]:
+    """A hybrid plan's actions, checked: {layer: "remove" | ratio in (0, 1)}."""
+    if not isinstance(actions, dict) or not actions:
+        raise UserError("a hybrid plan needs per-layer actions: {layer: \"remove\" or a ratio in (0, 1)}")
+    out: dict[int, str | float] = {}
+    for k, a in actions.items():
+        try:
+            i = int(k)
+        except (TypeError, ValueError):
+            raise UserError(f"hybrid plan action for layer {k!r}: layer indices must be integers") from None
+        if a == REMOVE:
+            out[i] = REMOVE
+            continue
+        if isinstance(a, bool) or not isinstance(a, (int, float)) or not 0.0 < float(a) < 1.0:
+            raise UserError(f"hybrid plan action for layer {i} must be \"remove\" or a ratio in (0, 1), got {a!r}")
+        out[i] = float(a)
+    return dict(sorted(out.items()))
+
+
+def _actions_json(actions: dict[int, str | float]) -> dict[str, str | float]:
+    return {str(i): a for i, a in sorted(actions.items())}

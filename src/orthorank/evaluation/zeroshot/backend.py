@@ -133,7 +133,7 @@ class OrthoRankLM(HFLM):
 
     def _model_call(self, inps: torch.Tensor, attn_mask=None, labels=None) -> torch.Tensor:
         lengths, self._row_lengths = self._row_lengths, None
-        if (self.plan.method == "orthorank" and attn_mask is None and lengths is not None
+        if (bool(self.plan.selection_layers) and attn_mask is None and lengths is not None
                 and len(lengths) == inps.shape[0] and min(lengths) < inps.shape[1]):
             mask = (torch.arange(inps.shape[1], device=inps.device)[None, :]
                     < torch.tensor(lengths, device=inps.device)[:, None]).long()

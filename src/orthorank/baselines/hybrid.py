@@ -1,0 +1,245 @@
+"""Hybrid search: one greedy search over three kinds of change per layer (remove it, select tokens in it at a
+ratio from a small set, keep it) under a budget of *measured* cost (a cost table from `orthorank bench
+--cost-table`).
+
+From the dense model, each step considers every move that makes one layer cheaper on the cost table:
+keep -> select at a ratio r, select at r -> select at a smaller r' (only where the table says r' is cheaper), and
+keep or select -> remove. Each move is scored by SLEB's calibration loss (mean NLL on calibration windows, the
+StackRunner reusing the unchanged prefix) and the rule is
+
+    pick the move with the lowest loss increase per unit of predicted time saved,
+        (loss after the move - loss now) / (predicted prefill time saved, as a share of the dense model's),
+
+ties going to the larger saving, then the lower layer. Plain "lowest loss" would always prefer the smallest move
+(keep -> the largest ratio saves little and costs little), so the search would crawl through small moves that buy
+little speed; dividing by the saving compares moves at their exchange rate of loss for time, as a greedy knapsack
+does. Near a target the rate stops being the question: when some moves would reach the next target, the one of them
+with the lowest loss is taken if its loss is no higher than the best-rate move's (it then finishes at no more
+loss than the step the rate would take, which need not finish; in particular, when the best-rate move itself
+reaches the target, the lowest-loss move that reaches it replaces it, so the last step does not overshoot for a
+marginally better rate). The search stops when the predicted speed-up (L d + rest) /
+(sum of per-layer costs + rest) reaches the last target; the plan of each target is the configuration at the step
+that first reached it (targets share one search path).
+
+Screening (as SLEB's fast greedy_search): with screen_batches < all batches every move is scored on the first
+batches; the contenders by screened rate (and by screened loss, on a finishing step) are re-checked on all
+batches, and any other move whose screened value could still beat the best full value, allowing for the
+screening error seen on the re-checked ones, is re-checked too.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+from typing import Callable
+
+from tqdm.auto import tqdm
+
+from orthorank.baselines.search import StackRunner
+from orthorank.bench.cost_table import CostTable, ratio_key
+from orthorank.errors import UserError
+from orthorank.method.plan import REMOVE
+from orthorank.method.selection import SelectionConfig
+
+Action = "str | float | None"  # None: kept (dense); a ratio: selection layer; "remove"
+Move = tuple  # (layer, new action)
+
+
+@dataclass
+class HybridStep:
+    layer: int
+    before: str | float | None
+    after: str | float
+    loss: float  # calibration loss after the move
+    delta_loss: float
+    saved: float  # predicted time saved by the move, as a share of the dense model's
+    rate: float  # delta_loss / saved
+    speedup: float  # predicted speed-up after the move
+    finishing: bool = False  # chosen by the finishing rule (lowest loss among moves that reach the target)
+
+    def to_dict(self) -> dict:
+        return {"layer": self.layer, "before": "keep" if self.before is None else self.before,
+                "after": self.after, "loss": round(self.loss, 6), "delta_loss": round(self.delta_loss, 6),
+                "saved": round(self.saved, 6), "rate": round(self.rate, 6), "speedup": round(self.speedup, 6),
+                **({"finishing": True} if self.finishing else {})}
+
+
+@dataclass
+class HybridResult:
+    steps: list[HybridStep]
+    dense_loss: float
+    seconds: float
+    evaluations: int
+    plans: dict[float, dict[int, str | float]] = field(default_factory=dict)  # target -> actions
+    reached: dict[float, int] = field(default_factory=dict)  # target -> steps taken when reached
+
+
+def _fmt(action) -> str:
+    return "keep" if action is None else action if action == REMOVE else f"select {ratio_key(action)}"
+
+
+def _sort_key(move: Move) -> tuple:
+    layer, action = move
+    return (layer, 0.0 if action == REMOVE else 1.0 + float(action))
+
+
+def moves_from(actions: dict[int, str | float], candidates: list[int], ratios: list[float],
+               table: CostTable) -> list[Move]:
+    """Every move that makes one candidate layer cheaper on the cost table."""
+    out = []
+    for i in candidates:
+        now = actions.get(i)
+        if now == REMOVE:
+            continue
+        cost = table.layer_cost(now)
+        for r in ratios:
+            if (now is None or r < float(now)) and table.layer_cost(r) < cost:
+                out.append((i, r))
+        out.append((i, REMOVE))
+    return sorted(out, key=_sort_key)
+
+
+def check_targets(targets: list[float], table: CostTable, candidates: list[int]) -> list[float]:
+    if not targets:
+        raise UserError("give at least one --target-speedup")
+    best = table.max_speedup(candidates)
+    for t in targets:
+        if not t > 1.0:
+            raise UserError(f"--target-speedup must be above 1 (1 is the dense model), got {t:g}")
+        if t > best + 1e-12:
+            raise UserError(f"target speed-up {t:g} is out of reach: removing every one of the {len(candidates)} "
+                            f"layers the search may change gives {best:.3f}x on {table.source}")
+    return sorted(set(targets))
+
+
+def hybrid_search(runner: StackRunner, table: CostTable, targets: list[float], ratios: list[float],
+                  candidates: list[int], selection: SelectionConfig | None = None, progress: bool = True,
+                  screen_batches: int | None = None, recheck: int = 3,
+                  log: Callable[[str], None] | None = None,
+                  on_reached: Callable[[float, HybridResult], None] | None = None) -> HybridResult:
+    """The greedy search above; `on_reached(target, result)` is called as each target is reached (so a caller can
+    write that plan before the search goes on)."""
+    from orthorank import distributed as dist
+
+    start_t = time.perf_counter()
+    base = selection or SelectionConfig()
+    if table.num_layers != len(runner.layers):
+        raise UserError(f"{table.source} is for {table.num_layers} layers, the model has {len(runner.layers)}")
+    for r in ratios:
+        table.fraction(r)  # every ratio searched must be on the table
+    targets = check_targets(targets, table, candidates)
+    dense_cost = table.model_cost({})
+    actions: dict[int, str | float] = {}
+    config: dict = {}
+    loss = dense_loss = runner.cache(config)
+    L = len(runner.layers)
+    n_batches = len(runner.batches)
+    screen = n_batches if screen_batches is None else max(1, min(screen_batches, n_batches))
+    first_b, rest_b = list(range(screen)), list(range(screen, n_batches))
+    screen_tokens, all_tokens = runner.batch_tokens(first_b), runner.tokens
+    steps: list[HybridStep] = []
+    result = HybridResult(steps, dense_loss, 0.0, 0)
+    pending = list(targets)
+    bar = tqdm(total=None, desc="hybrid search", disable=not progress or not dist.is_main(), leave=True,
+               unit="step")
+
+    def module(move: Move):
+        layer, action = move
+        return None if action == REMOVE else runner.wrap(layer, replace(base, ratio=float(action)))
+
+    def score(moves: list[Move], batches: list[int]) -> dict[Move, dict[int, float]]:
+        mine = {m: runner.batch_losses({**config, m[0]: module(m)}, m[0], batches) for m in dist.shard(moves)}
+        runner.evaluations += len(moves)
+        merged: dict[Move, dict[int, float]] = {}
+        for part in dist.all_gather(mine):
+            merged.update(part)
+        return merged
+
+    while pending:
+        moves = moves_from(actions, candidates, ratios, table)
+        if not moves:  # cannot happen after check_targets; kept as a guard
+            raise UserError(f"no move left before reaching {pending[0]:g}x")
+        now_cost = table.model_cost(actions)
+        saved = {m: (table.layer_cost(actions.get(m[0])) - table.layer_cost(m[1])) / dense_cost for m in moves}
+        speed = {m: dense_cost / (now_cost - saved[m] * dense_cost) for m in moves}
+        base_b = runner.batch_losses(config, L, list(range(n_batches)))  # current config, per batch (head only)
+        first = score(moves, first_b)
+        rest: dict[Move, dict[int, float]] = {}
+
+        def ensure_rest(ms: list[Move]) -> None:
+            need = [m for m in ms if m not in rest]
+            if need and rest_b:
+                rest.update(score(need, rest_b))
+            for m in need:
+                rest.setdefault(m, {})
+
+        def screened_loss(m: Move) -> float:
+            return sum(first[m].values()) / screen_tokens
+
+        def full_loss(m: Move) -> float:
+            return (sum(first[m].values()) + sum(rest[m].values())) / all_tokens
+
+        base_screen = sum(base_b[b] for b in first_b) / screen_tokens
+        base_full = sum(base_b.values()) / all_tokens
+
+        def choose(ms: list[Move], screened: Callable[[Move], float], full: Callable[[Move], float],
+                   tie: Callable[[Move], tuple]) -> Move:
+            """The move with the lowest full value, re-checking contenders as in search._screened_choice."""
+            ranked = sorted(ms, key=lambda m: (screened(m), *tie(m)))
+            if not rest_b:
+                return ranked[0]
+            checked: dict[Move, float] = {}
+
+            def check(batch: list[Move]) -> None:
+                ensure_rest(batch)
+                for m in batch:
+                    checked[m] = full(m)
+            check(ranked[:max(2, recheck)])
+            while True:
+                err = [checked[m] - screened(m) for m in checked]
+                low, spread = min(err), max(err) - min(err)
+                best = min(checked.values())
+                more = [m for m in ranked if m not in checked and screened(m) + low - 2 * spread <= best]
+                if not more:
+                    return min(checked, key=lambda m: (checked[m], *tie(m)))
+                check(more)
+
+        tie = lambda m: (-saved[m], *_sort_key(m))  # noqa: E731
+        pick = choose(moves, lambda m: (screened_loss(m) - base_screen) / saved[m],
+                      lambda m: (full_loss(m) - base_full) / saved[m], tie)
+        finishing = False
+        reach = [m for m in moves if speed[m] >= pending[0] - 1e-12]
+        if reach:
+            fin = choose(reach, screened_loss, full_loss, tie)
+            ensure_rest([pick, fin])
+            if full_loss(fin) <= full_loss(pick) + 1e-12:
+                pick, finishing = fin, True
+        ensure_rest([pick])
+        layer, after = pick
+        before = actions.get(layer)
+        actions[layer] = after
+        config[layer] = module(pick)
+        new_loss = runner.cache(config, layer)
+        sp = table.predicted_speedup(actions)
+        steps.append(HybridStep(layer, before, after, new_loss, new_loss - loss, saved[pick],
+                                (new_loss - loss) / saved[pick], sp, finishing))
+        loss = new_loss
+        bar.update(1)
+        bar.set_postfix(move=f"{layer}:{_fmt(before)}->{_fmt(after)}", loss=f"{loss:.4f}",
+                        speedup=f"{sp:.3f}")
+        if log is not None and dist.is_main():
+            log(f"  step {len(steps)}: layer {layer} {_fmt(before)} -> {_fmt(after)}, calibration loss {loss:.4f} "
+                f"(+{steps[-1].delta_loss:.4f} for {100 * saved[pick]:.2f}% of the time), predicted speed-up "
+                f"{sp:.3f}x{' (finishing move)' if finishing else ''} ({time.perf_counter() - start_t:.0f}s)")
+        while pending and sp >= pending[0] - 1e-12:
+            t = pending.pop(0)
+            result.plans[t] = dict(actions)
+            result.reached[t] = len(steps)
+            if on_reached is not None:
+                result.seconds = time.perf_counter() - start_t
+                result.evaluations = runner.evaluations
+                on_reached(t, result)
+    bar.close()
+    result.seconds = time.perf_counter() - start_t
+    result.evaluations = runner.evaluations
+    return result
