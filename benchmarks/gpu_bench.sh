@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Throughput on one GPU, side by side: dense vs layer removal ("sleb", ceil(0.2 L) evenly spread layers) vs
-# OrthoRank (round(0.2 L / 0.67) evenly spread selection layers at ratio 0.33), bfloat16, random weights:
+# Throughput on one GPU, side by side: dense vs layer removal (ceil(0.2 L) evenly spread layers) vs OrthoRank
+# (evenly spread selection layers at ratio 0.33, compute-matched) vs a hybrid (half of removal's layers removed,
+# selection layers for the other half's compute), bfloat16, random weights:
 #   - prefill, batch 32 x 2048 (halved until it fits), plus one decoder layer alone (dense vs selective, with one
 #     query chunk, the scoring/top-K step alone, and a profiler table of each), for llama2-7b, llama3-8b, mistral-7b;
 #   - decode, batch 1 and 32, prompt 512, 32 new tokens, same shapes (dense decode policy, and threshold).
@@ -73,7 +74,8 @@ run() {  # run NAME ARGS...: one bench invocation, JSON to OUT/NAME.json, log to
 }
 
 for shape in "${SHAPES[@]}"; do
-  run "prefill-$shape" --model "$shape" "${COMMON[@]}" --mode prefill,layer --profile "${PREFILL[@]}"
+  run "prefill-$shape" --model "$shape" "${COMMON[@]}" --mode prefill,layer --profile "${PREFILL[@]}" \
+    --methods dense,spread-prune,spread-orthorank,spread-hybrid
 done
 for shape in "${SHAPES[@]}"; do
   run "decode-$shape" --model "$shape" "${COMMON[@]}" --mode decode "${DECODE[@]}"

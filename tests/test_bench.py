@@ -331,3 +331,23 @@ def test_gpu_script_tiny(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     files = sorted(p.name for p in tmp_path.glob("*.json"))
     assert any(f.startswith("prefill-") for f in files) and any(f.startswith("decode-") for f in files)
+
+
+def test_spread_hybrid_for_speed_measurements(tmp_path):
+    """spread-hybrid (random shapes, no calibration): half of removal's layers removed, selection layers making up
+    the other half's compute; timed beside dense, removal and OrthoRank, with its ideal speed-up."""
+    from orthorank.bench.runner import spread_hybrid_layers
+    from orthorank.method.cost import Arch, compute_sparsity, hybrid_compute_sparsity
+
+    cfg = shape_config("llama2-7b")
+    arch = Arch.from_config(cfg, 32)
+    removed, sel = spread_hybrid_layers(0.2, 32, 0.33, arch, 2048)
+    assert len(removed) == 3 and not set(removed) & set(sel) and sel
+    target = compute_sparsity(arch, 2048, "prune", 7)
+    assert hybrid_compute_sparsity(arch, 2048, 3, [0.33] * len(sel)) >= target
+    assert hybrid_compute_sparsity(arch, 2048, 3, [0.33] * (len(sel) - 1)) < target
+    data = _bench(tmp_path, "--mode", "prefill", "--methods", "dense,spread-prune,spread-hybrid", "--num-layers", "8")
+    rows = {m["method"]: m for m in data["runs"][0]["methods"]}
+    h = rows["spread-hybrid"]
+    assert h["kind"] == "hybrid" and h["removed_layers"] and h["layers"]
+    assert h["ideal_speedup"] > 1 and h["speedup_vs_dense"] > 0 and h["sparsity"]["compute"] > 0

@@ -56,6 +56,8 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("spread-orthorank", "orthorank", "token selection in evenly spread layers (speed measurements)",
            layers="spread"),
     Method("spread-prune", "prune", "removal of evenly spread layers (speed measurements)", layers="spread"),
+    Method("spread-hybrid", "hybrid", "half of removal's layers removed, selection in evenly spread others to match "
+           "its compute (speed measurements)", layers="spread"),
 )}
 
 

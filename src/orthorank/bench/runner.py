@@ -23,7 +23,7 @@ from orthorank.bench.timing import (
     current_memory_mib, peak_memory, reset_peak_memory, summarize, synchronize, time_call,
 )
 from orthorank.errors import UserError
-from orthorank.method.apply import apply_orthorank, prune_layers, restore_dense
+from orthorank.method.apply import apply_hybrid, apply_orthorank, prune_layers, restore_dense
 from orthorank.method.cost import Arch, compute_sparsity
 from orthorank.method.plan import Plan, layers_for_sparsity
 from orthorank.method.selection import SelectionConfig
@@ -39,9 +39,12 @@ class MethodSpec:
     layers: list[int]
     source: str = "spread"  # "spread" (evenly spread at the sparsity) or the plan file it came from
     selection: SelectionConfig | None = None
+    removed: list[int] = field(default_factory=list)  # hybrid: removed layers (`layers` are its selection layers)
 
     def effective_sparsity(self, num_layers: int) -> float:
         share = len(self.layers) / num_layers
+        if self.kind == "hybrid":
+            return (len(self.removed) + len(self.layers) * (1.0 - self.selection.ratio)) / num_layers
         return share * (1.0 - self.selection.ratio) if self.kind == "orthorank" else share
 
     def apply(self, model: nn.Module) -> None:
@@ -49,6 +52,8 @@ class MethodSpec:
             restore_dense(model)
         elif self.kind == "prune":
             prune_layers(model, self.layers)
+        elif self.kind == "hybrid":
+            apply_hybrid(model, self.removed, {i: self.selection for i in self.layers})
         else:
             apply_orthorank(model, self.layers, self.selection)
 
@@ -79,6 +84,10 @@ def method_specs(methods: list[str], num_layers: int, sparsity: float, selection
             path = find_plan(model_name, method.plan_label, sparsity)
             plan = Plan.load(path)
             spec.layers, spec.source = list(plan.layers), str(path)
+        elif kind == "hybrid":
+            spec.selection = selection
+            spec.removed, spec.layers = spread_hybrid_layers(sparsity, num_layers, selection.ratio, arch,
+                                                             seq_len or 2048)
         else:
             count = layers_for_sparsity(sparsity, num_layers, kind, selection.ratio, match=method.match,
                                         arch=arch, seq_len=seq_len or 2048, inner_only=False)
@@ -91,6 +100,26 @@ def method_specs(methods: list[str], num_layers: int, sparsity: float, selection
     if len({s.name for s in specs}) != len(specs):
         raise UserError("--methods lists a method twice")
     return specs
+
+
+def spread_hybrid_layers(sparsity: float, num_layers: int, ratio: float, arch: Arch | None,
+                         seq_len: int) -> tuple[list[int], list[int]]:
+    """A hybrid point for speed measurements on random shapes (no calibration): half of layer removal's
+    ceil(s L) layers removed (evenly spread), and the fewest evenly spread selection layers among the rest whose
+    FLOPs at seq_len make up the other half's compute (all of the rest when even that falls short)."""
+    from orthorank.method.cost import compute_sparsity, hybrid_compute_sparsity
+
+    p = layers_for_sparsity(sparsity, num_layers, "prune", 1.0, inner_only=False)
+    removed = spread_layers(p // 2, num_layers)
+    rest = [i for i in range(num_layers) if i not in removed]
+    if arch is None or p - len(removed) == 0:
+        return removed, []
+    target = compute_sparsity(arch, seq_len, "prune", p)
+    for n in range(1, len(rest) + 1):
+        if hybrid_compute_sparsity(arch, seq_len, len(removed), [ratio] * n) >= target - 1e-12:
+            break
+    picks = spread_layers(n, len(rest))
+    return removed, [rest[j] for j in picks]
 
 
 def _cache_kwarg(module: nn.Module) -> str:
@@ -227,20 +256,37 @@ def run_methods(model: nn.Module, specs: list[MethodSpec], settings: RunSettings
         sel = s.selection or SelectionConfig()
         # prefill: FLOPs with attention at this prompt length; decode: weights (one new token per step)
         cost = flop_layer_cost(model.config, settings.seq_len, sel.ratio) if settings.mode == "prefill" else None
-        ideal = ideal_speedup(s.kind, num_layers, len(s.layers), f_kv, sel.ratio, settings.mode, sel.decode, cost)
-        ideal_w = ideal_speedup(s.kind, num_layers, len(s.layers), f_kv, sel.ratio, settings.mode, sel.decode)
+        if s.kind == "hybrid":  # removed layers cost nothing; selection layers as OrthoRank's
+            sel_ideal = ideal_speedup("orthorank", num_layers - len(s.removed), len(s.layers), f_kv, sel.ratio,
+                                      settings.mode, sel.decode, cost)
+            sel_ideal_w = ideal_speedup("orthorank", num_layers - len(s.removed), len(s.layers), f_kv, sel.ratio,
+                                        settings.mode, sel.decode)
+            shrink = num_layers / (num_layers - len(s.removed))
+            ideal = None if sel_ideal is None else shrink * sel_ideal
+            ideal_w = None if sel_ideal_w is None else shrink * sel_ideal_w
+        else:
+            ideal = ideal_speedup(s.kind, num_layers, len(s.layers), f_kv, sel.ratio, settings.mode, sel.decode,
+                                  cost)
+            ideal_w = ideal_speedup(s.kind, num_layers, len(s.layers), f_kv, sel.ratio, settings.mode, sel.decode)
         speedup = dense_t / st["median_s"] if dense_t else None
+        arch = Arch.from_config(model.config, num_layers)
+        if s.kind == "hybrid":
+            from orthorank.method.cost import hybrid_compute_sparsity
+
+            comp = hybrid_compute_sparsity(arch, settings.seq_len, len(s.removed), [sel.ratio] * len(s.layers))
+        else:
+            comp = compute_sparsity(arch, settings.seq_len, s.kind, len(s.layers), sel.ratio)
         row = {
             "method": s.name,
             "kind": s.kind,
             "layers": s.layers,
-            "changed_layers": len(s.layers),
+            **({"removed_layers": s.removed} if s.kind == "hybrid" else {}),
+            "changed_layers": len(s.layers) + len(s.removed),
             "layers_from": s.source,
             "effective_sparsity": round(s.effective_sparsity(num_layers), 6),
             "sparsity": {
                 "nominal": round(s.effective_sparsity(num_layers), 6),
-                "compute": round(compute_sparsity(Arch.from_config(model.config, num_layers), settings.seq_len,
-                                                  s.kind, len(s.layers), sel.ratio), 6),
+                "compute": round(comp, 6),
                 "compute_seq_len": settings.seq_len,
                 "measured_speedup": speedup,
             },
@@ -258,7 +304,7 @@ def run_methods(model: nn.Module, specs: list[MethodSpec], settings: RunSettings
                                   if speedup and ideal and ideal > 1.0 + 1e-9 else None),
             "memory": {**m.memory, **({"weights_mib": base_mib} if base_mib is not None else {})},
         }
-        if s.kind == "orthorank":
+        if s.kind in ("orthorank", "hybrid"):
             row["selection"] = sel.to_dict()
             row["ideal_selective_layer_cost"] = cost if cost is not None else selective_layer_cost(f_kv, sel.ratio)
             row["ideal_selective_layer_cost_weights_only"] = selective_layer_cost(f_kv, sel.ratio)

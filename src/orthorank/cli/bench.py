@@ -85,7 +85,7 @@ def _check(args) -> None:
     if args.warmup < 0:
         raise UserError("--warmup must be 0 or more")
     for m in args.methods:
-        if get_method(m).plan_kind == "hybrid":
+        if get_method(m).plan_kind == "hybrid" and get_method(m).layers != "spread":
             raise UserError("bench times dense, prune and orthorank plans, not hybrid ones; for hybrid plans use "
                             "`bench --cost-table` (predicted) or benchmarks/hybrid.py (measured)")
 
