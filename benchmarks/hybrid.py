@@ -30,6 +30,9 @@ ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks/results/hybrid-smollm2-135m"
 MODEL = "smollm2-135m"
 MATCHED = ["sleb-0.1", "orthorank-0.1", "sleb-0.2", "orthorank-0.2"]
+# the other committed plans: points of the frontier (every method), not matched by a hybrid search
+OTHERS = ["shortened-ppl-0.1", "shortened-ppl-0.2", "shortgpt-0.1", "shortgpt-0.2",
+          "orthorank-nominal-0.1", "orthorank-nominal-0.2"]
 
 
 def ceil3(x: float) -> float:
@@ -97,6 +100,9 @@ def evaluate(args) -> int:
             plans.setdefault(h, Plan.load(plan_path(h)))
         else:
             missing.append(h)
+    for name in OTHERS:
+        if plan_path(name).is_file():
+            plans[name] = Plan.load(plan_path(name))
     if missing:
         print(f"note: no hybrid plan yet for {', '.join(sorted(set(missing)))} (run benchmarks/hybrid.sh)")
     for p in plans.values():
@@ -135,7 +141,9 @@ def evaluate(args) -> int:
     by = {r.method: r for r in rows}
 
     def kind(name: str) -> str:
-        return name.split("-")[0] if name != "dense" else "dense"
+        if name == "dense":
+            return "dense"
+        return name.rsplit("-", 1)[0] if name.startswith("orthorank-nominal") else name.split("-")[0]
 
     def describe(p: Plan) -> tuple[str, str]:
         removed = ",".join(map(str, p.removed_layers)) or "-"
@@ -151,7 +159,7 @@ def evaluate(args) -> int:
             "measured speed-up [per-round range]", "compute sparsity",
             *[f"{d} ppl [95% CI]" for d in datasets]]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
-    order = ["dense"] + [n for pair in [(m, matched[m]["hybrid_plan"]) for m in MATCHED] for n in pair]
+    order = ["dense"] + [n for pair in [(m, matched[m]["hybrid_plan"]) for m in MATCHED] for n in pair] + OTHERS
     seen, names = set(), []
     for n in order:
         if n in plans and n not in seen:
@@ -233,7 +241,7 @@ def main() -> int:
     p.add_argument("--out", default=str(OUT))
     p.add_argument("--store", default=str(ROOT / "benchmarks/results/store"))
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--max-windows", type=int, default=40)
+    p.add_argument("--max-windows", type=int, default=32)
     p.add_argument("--repeats", type=int, default=5, help="timed rounds of the speed measurement")
     p.add_argument("--remeasure", action="store_true", help="time the plans again even if speed.json holds them")
     p.add_argument("--no-ppl", action="store_true", help="speed-ups only")

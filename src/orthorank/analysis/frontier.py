@@ -23,8 +23,10 @@ def plot_frontier(points: list[FrontierPoint], datasets: list[str], path: str | 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    colors = {"dense": "black", "sleb": "tab:blue", "orthorank": "tab:orange", "hybrid": "tab:green"}
-    markers = {"dense": "s", "sleb": "o", "orthorank": "^", "hybrid": "D"}
+    colors = {"dense": "black", "sleb": "tab:blue", "orthorank": "tab:orange", "hybrid": "tab:green",
+              "shortened": "tab:purple", "shortgpt": "tab:brown", "orthorank-nominal": "tab:red"}
+    markers = {"dense": "s", "sleb": "o", "orthorank": "^", "hybrid": "D", "shortened": "v", "shortgpt": "P",
+               "orthorank-nominal": "<"}
     fig, axes = plt.subplots(1, len(datasets), figsize=(6.2 * len(datasets), 4.8), squeeze=False)
     dense = [p for p in points if p.method == "dense"]
     for ax, ds in zip(axes[0], datasets):
