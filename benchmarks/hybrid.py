@@ -241,7 +241,7 @@ def main() -> int:
     p.add_argument("--out", default=str(OUT))
     p.add_argument("--store", default=str(ROOT / "benchmarks/results/store"))
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--max-windows", type=int, default=32)
+    p.add_argument("--max-windows", type=int, default=40)
     p.add_argument("--repeats", type=int, default=5, help="timed rounds of the speed measurement")
     p.add_argument("--remeasure", action="store_true", help="time the plans again even if speed.json holds them")
     p.add_argument("--no-ppl", action="store_true", help="speed-ups only")

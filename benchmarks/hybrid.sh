@@ -6,12 +6,12 @@
 #      for every target whose plan is missing;
 #   4. measured prefill speed-ups, perplexity on the first MAX_WINDOWS windows of WikiText-2 and C4 through the result
 #      store (resumes where it stopped), benchmarks/results/hybrid-smollm2-135m/{hybrid.md,hybrid.json,frontier.png}.
-#   THREADS=1 MAX_WINDOWS=32 benchmarks/hybrid.sh
+#   THREADS=1 MAX_WINDOWS=40 benchmarks/hybrid.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
 THREADS=${THREADS:-1}
-MAX_WINDOWS=${MAX_WINDOWS:-32}
+MAX_WINDOWS=${MAX_WINDOWS:-40}
 OUT=benchmarks/results/hybrid-smollm2-135m
 TABLE=${TABLE:-$OUT/cost-table.json}
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"  # this checkout's sources, whatever the venv points at

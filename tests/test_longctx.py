@@ -189,3 +189,20 @@ def _bad_longbench(tmp_path):
     (d / "config/dataset2maxlen.json").write_text(json.dumps({"qasper": 8}))
     (d / "qasper.jsonl").write_text(json.dumps({"input": "q", "context": "c", "length": 3}) + "\n")
     return d
+
+
+def test_tables_pair_orthorank_with_the_pruning_row():
+    """Besides the differences to dense, each OrthoRank row is paired item by item with each pruning row."""
+    from orthorank.cli.longctx import _tables
+    from orthorank.evaluation.longctx import Row
+
+    rows = [Row("dense", "dense", None, None), Row("sleb 0.2", "sleb", 0.2, None),
+            Row("orthorank 0.2", "orthorank", 0.2, None)]  # plans play no part in the tables
+    keys = [f"t/{i:03d}" for i in range(40)]
+    results = {"dense": {k: {"score": 1.0} for k in keys}, "sleb 0.2": {k: {"score": 0.0} for k in keys},
+               "orthorank 0.2": {k: {"score": float(i % 2)} for i, k in enumerate(keys)}}
+    text, summary = _tables(rows, results, lambda k: k.split("/")[0], ["t"], "title", "dense")
+    assert "Paired difference to sleb 0.2" in text
+    d = summary["paired"]["orthorank 0.2 vs sleb 0.2"]["t"]
+    assert d["value"] == 50.0 and d["excludes_zero"]
+    assert summary["orthorank 0.2"]["t"]["diff"]["value"] == -50.0

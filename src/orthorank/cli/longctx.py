@@ -146,6 +146,22 @@ def _tables(rows: list[Row], results: dict[str, dict], group_of, groups: list[st
                 continue
             lines.append(f"| {row.name} | " + " | ".join(fmt_diff(summary[row.name].get(g))
                                                          for g in groups + ["mean"]) + " |")
+    # the paper's claim is OrthoRank against layer pruning at the same sparsity: pair them item by item too
+    baselines = [r for r in rows if r.method not in ("dense", "orthorank")]
+    for base in baselines:
+        b = grouped(results[base.name], group_of)
+        b["mean"] = [s for grp in groups for s in b.get(grp, [])]
+        versus = [r for r in rows if r.method == "orthorank"]
+        if not versus:
+            continue
+        lines += ["", f"Paired difference to {base.name} (percentage points, same items; 95% bootstrap interval; "
+                      "** = excludes 0)", "", head]
+        for row in versus:
+            g = grouped(results[row.name], group_of)
+            g["mean"] = [s for grp in groups for s in g.get(grp, [])]
+            diff = summarize(g, b)
+            summary.setdefault("paired", {})[f"{row.name} vs {base.name}"] = {k: v.get("diff") for k, v in diff.items()}
+            lines.append(f"| {row.name} | " + " | ".join(fmt_diff(diff.get(k)) for k in groups + ["mean"]) + " |")
     return "\n".join(lines), summary
 
 
