@@ -124,15 +124,14 @@ def _tables(rows: list[Row], results: dict[str, dict], group_of, groups: list[st
             reference: str | None) -> tuple[str, dict]:
     """Markdown table (rows x groups + mean) with intervals and, against `reference`, paired differences."""
     summary: dict[str, Any] = {}
-    ref = grouped(results[reference], group_of) if reference in results else None
+    scores = {}  # row -> {group: item scores, "mean": all of them}, in item order so rows pair up
     for row in rows:
         g = grouped(results[row.name], group_of)
         g["mean"] = [s for grp in groups for s in g.get(grp, [])]
-        r = None
-        if ref is not None and row.name != reference:
-            r = dict(ref)
-            r["mean"] = [s for grp in groups for s in ref.get(grp, [])]
-        summary[row.name] = summarize(g, r)
+        scores[row.name] = g
+    for row in rows:
+        ref = scores.get(reference) if row.name != reference else None
+        summary[row.name] = summarize(scores[row.name], ref)
     head = "| row | " + " | ".join(groups) + " | mean |\n|---|" + "---|" * (len(groups) + 1)
     lines = [title, "", head]
     for row in rows:
@@ -148,18 +147,12 @@ def _tables(rows: list[Row], results: dict[str, dict], group_of, groups: list[st
                                                          for g in groups + ["mean"]) + " |")
     # the paper's claim is OrthoRank against layer pruning at the same sparsity: pair them item by item too
     baselines = [r for r in rows if r.method not in ("dense", "orthorank")]
-    for base in baselines:
-        b = grouped(results[base.name], group_of)
-        b["mean"] = [s for grp in groups for s in b.get(grp, [])]
-        versus = [r for r in rows if r.method == "orthorank"]
-        if not versus:
-            continue
+    versus = [r for r in rows if r.method == "orthorank"]
+    for base in baselines if versus else []:
         lines += ["", f"Paired difference to {base.name} (percentage points, same items; 95% bootstrap interval; "
                       "** = excludes 0)", "", head]
         for row in versus:
-            g = grouped(results[row.name], group_of)
-            g["mean"] = [s for grp in groups for s in g.get(grp, [])]
-            diff = summarize(g, b)
+            diff = summarize(scores[row.name], scores[base.name])
             summary.setdefault("paired", {})[f"{row.name} vs {base.name}"] = {k: v.get("diff") for k, v in diff.items()}
             lines.append(f"| {row.name} | " + " | ".join(fmt_diff(diff.get(k)) for k in groups + ["mean"]) + " |")
     return "\n".join(lines), summary
