@@ -205,6 +205,29 @@ def test_model_fingerprint_sees_weights():
     assert model_fingerprint(a) != model_fingerprint(b)
 
 
+def test_model_fingerprint_ignores_where_the_weights_were_loaded_from():
+    from conftest import tiny_model
+    from orthorank.store import model_fingerprint
+
+    a, b = tiny_model(seed=0), tiny_model(seed=0)
+    a.config._name_or_path, b.config._name_or_path = "/checkout-a/.venv/model", "/checkout-b/.venv/model"
+    assert model_fingerprint(a) == model_fingerprint(b)
+    b.config.rms_norm_eps = 0.5
+    assert model_fingerprint(a) != model_fingerprint(b)
+
+
+def test_rekey_model_moves_results_to_the_new_fingerprint(tmp_path):
+    store = ResultStore(tmp_path)
+    key = {"model": "old-a", "dataset": "d"}
+    store.namespace("perplexity", key).put({0: {"nll": 1.0}})
+    store.namespace("perplexity", {**key, "model": "old-b"}).put({1: {"nll": 2.0}})
+    store.namespace("perplexity", {**key, "model": "other"}).put({0: {"nll": 9.0}})
+    assert store.rekey_model({"old-a", "old-b"}, "new") == 2
+    assert store.namespace("perplexity", {**key, "model": "new"}).load() == {0: {"nll": 1.0}, 1: {"nll": 2.0}}
+    assert store.namespace("perplexity", key).load() == {}
+    assert store.namespace("perplexity", {**key, "model": "other"}).load() == {0: {"nll": 9.0}}
+
+
 class _Tok:
     """A tokenizer stub: one id per character, optionally with a BOS in front (as Llama tokenizers add)."""
 

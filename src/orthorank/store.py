@@ -59,12 +59,22 @@ def code_version(kind: str = "perplexity") -> str:
     return h.hexdigest()[:16]
 
 
+# Config fields that say where a checkpoint was loaded from, not what it is: the same weights installed in two
+# checkouts (two virtual environments) must share their stored results.
+_LOCATION_FIELDS = ("_name_or_path",)
+
+
+def _config_identity(model: nn.Module) -> dict:
+    config = model.config.to_dict() if hasattr(model, "config") else {}
+    return {k: v for k, v in config.items() if k not in _LOCATION_FIELDS}
+
+
 @torch.no_grad()
 def model_fingerprint(model: nn.Module, samples_per_tensor: int = 4096) -> str:
     """Names, shapes, dtypes and an evenly strided sample of every parameter and buffer: cheap even for large models,
     and different for different weights (a change the sample misses would have to avoid every sampled element)."""
     h = hashlib.sha256()
-    h.update(_canonical(model.config.to_dict() if hasattr(model, "config") else {}))
+    h.update(_canonical(_config_identity(model)))
     for name, t in list(model.named_parameters()) + list(model.named_buffers()):
         if t.device.type == "meta":
             continue
@@ -179,6 +189,31 @@ class ResultStore:
                     shutil.copy2(src, target)
                     copied += 1
         return copied
+
+
+    def rekey_model(self, old: Iterable[str], new: str) -> int:
+        """Move every result stored under one of the model fingerprints `old` to fingerprint `new` (results taken
+        before a fingerprint change, once the caller has shown that `old` and `new` name the same weights); entry
+        files already present under the new key are kept. Returns the files moved."""
+        old = set(old)
+        moved = 0
+        for meta in sorted(self.root.glob("*/*/meta.json")):
+            key = json.loads(meta.read_text())
+            if key.get("model") not in old:
+                continue
+            kind = key.pop("kind")
+            key["model"] = new
+            dest = self.namespace(kind, key)
+            dest._ensure()
+            for src in sorted(meta.parent.glob("e-*.json")):
+                target = dest.folder / src.name
+                if target.exists():
+                    src.unlink()
+                else:
+                    src.rename(target)
+                    moved += 1
+            shutil.rmtree(meta.parent)
+        return moved
 
 
 def fill(namespace: Namespace | None, indices: Iterable[int], compute, chunk: int, tag: str = "") -> dict[int, Any]:
