@@ -94,6 +94,19 @@ def test_longbench_files(tmp_path):
         lb.load_task(tmp_path, "qasper")
 
 
+def test_longbench_caption_says_when_it_is_a_slice(tmp_path):
+    from orthorank.cli.longctx import _longbench_scope
+
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config/dataset2prompt.json").write_text(json.dumps({"trec": "{context}\n{input}"}))
+    (tmp_path / "config/dataset2maxlen.json").write_text(json.dumps({"trec": 64}))
+    row = {"input": "q", "context": "c", "answers": ["Location"], "length": 10, "all_classes": ["Location"]}
+    (tmp_path / "trec.jsonl").write_text((json.dumps(row) + "\n") * 3)
+    assert _longbench_scope(tmp_path, [lb.load_task(tmp_path, "trec", limit=2)]) == \
+        "trec: first 2 of 3 examples (a slice)"
+    assert _longbench_scope(tmp_path, [lb.load_task(tmp_path, "trec")]) == "trec: all 3"
+
+
 @pytest.mark.data
 def test_shared_longbench_file_loads():
     from orthorank.evaluation.data import find_data_dir

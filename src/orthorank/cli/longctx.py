@@ -120,6 +120,18 @@ def _evaluate(args, lm, rows: list[Row], parts: list[tuple[str, list[Item], dict
     return results
 
 
+def _longbench_scope(data_dir: Path, tasks) -> str:
+    """Which examples a LongBench table covers, e.g. "multi_news: first 20 of 200 examples, a slice"."""
+    parts, sliced = [], False
+    for task in tasks:
+        with (data_dir / f"{task.name}.jsonl").open(encoding="utf-8") as f:
+            total = sum(1 for line in f if line.strip())
+        used = len(task.rows)
+        sliced |= used < total
+        parts.append(f"{task.name}: first {used} of {total} examples" if used < total else f"{task.name}: all {total}")
+    return "; ".join(parts) + (" (a slice)" if sliced else "")
+
+
 def _tables(rows: list[Row], results: dict[str, dict], group_of, groups: list[str], title: str,
             reference: str | None) -> tuple[str, dict]:
     """Markdown table (rows x groups + mean) with intervals and, against `reference`, paired differences."""
@@ -290,12 +302,14 @@ def run_longbench(args) -> int:
                                          "chat": not args.no_chat}))
     results = _evaluate(args, lm, rows, parts, "longbench-v1")
     ref = "dense" if "dense" in results else None
+    scope = _longbench_scope(data_dir, tasks)
     table, summary = _tables(rows, results, lambda k: k.split("/")[0], names,
-                             "LongBench v1 score (%, 95% bootstrap interval over examples)", ref)
+                             f"LongBench v1 score (%, 95% bootstrap interval over examples; {scope})", ref)
     tables, summaries = [table], {"tasks": summary}
     bucket_names = [b for b in ("0-4k", "4-8k", "8k+") if b in set(buckets.values())]
     table_e, summary_e = _tables(rows, results, lambda k: buckets[k], bucket_names,
-                                 "LongBench-E length buckets (words of the original input), all tasks pooled", ref)
+                                 f"LongBench-E length buckets (words of the original input), all tasks pooled ({scope})",
+                                 ref)
     tables.append(table_e)
     summaries["length_buckets"] = summary_e
     _finish(args, lm, rows, results, tables, summaries, "longbench",
