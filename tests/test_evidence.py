@@ -226,6 +226,12 @@ def test_rekey_model_moves_results_to_the_new_fingerprint(tmp_path):
     assert store.namespace("perplexity", {**key, "model": "new"}).load() == {0: {"nll": 1.0}, 1: {"nll": 2.0}}
     assert store.namespace("perplexity", key).load() == {}
     assert store.namespace("perplexity", {**key, "model": "other"}).load() == {0: {"nll": 9.0}}
+    assert store.rekey_model({"new"}, "new") == 0  # rekeying onto itself keeps everything
+    assert store.namespace("perplexity", {**key, "model": "new"}).load() == {0: {"nll": 1.0}, 1: {"nll": 2.0}}
+    store.namespace("perplexity", {**key, "model": "old-c"}).put({0: {"nll": 5.0}})
+    with pytest.warns(UserWarning, match="differs"):
+        assert store.rekey_model({"old-c"}, "new") == 0
+    assert store.namespace("perplexity", {**key, "model": "new"}).load()[0] == {"nll": 1.0}
 
 
 class _Tok:

@@ -190,12 +190,12 @@ class ResultStore:
                     copied += 1
         return copied
 
-
     def rekey_model(self, old: Iterable[str], new: str) -> int:
         """Move every result stored under one of the model fingerprints `old` to fingerprint `new` (results taken
-        before a fingerprint change, once the caller has shown that `old` and `new` name the same weights); entry
-        files already present under the new key are kept. Returns the files moved."""
-        old = set(old)
+        before a fingerprint change, once the caller has shown that `old` and `new` name the same weights). Where an
+        entry file of the same name is already under the new key, that one is kept (with a warning if the two
+        differ). Returns the files moved."""
+        old = set(old) - {new}
         moved = 0
         for meta in sorted(self.root.glob("*/*/meta.json")):
             key = json.loads(meta.read_text())
@@ -208,6 +208,8 @@ class ResultStore:
             for src in sorted(meta.parent.glob("e-*.json")):
                 target = dest.folder / src.name
                 if target.exists():
+                    if target.read_bytes() != src.read_bytes():
+                        warnings.warn(f"{src} differs from {target}, which is kept")
                     src.unlink()
                 else:
                     src.rename(target)

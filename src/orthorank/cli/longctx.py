@@ -121,7 +121,7 @@ def _evaluate(args, lm, rows: list[Row], parts: list[tuple[str, list[Item], dict
 
 
 def _longbench_scope(data_dir: Path, tasks) -> str:
-    """Which examples a LongBench table covers, e.g. "multi_news: first 20 of 200 examples, a slice"."""
+    """Which examples a LongBench table covers, e.g. "multi_news: first 20 of 200 examples (a slice)"."""
     parts, sliced = [], False
     for task in tasks:
         with (data_dir / f"{task.name}.jsonl").open(encoding="utf-8") as f:
