@@ -6,7 +6,7 @@ STAMP := $(VENV)/.orthorank-installed
 # CPU build of torch (a wheel of this version lies on this workplace's disk); the project supports >=2.11,<2.15.
 TORCH ?= torch==2.13.0
 
-.PHONY: install demo test test-fast test-lower clean
+.PHONY: install demo test test-fast test-slow test-lower clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -26,6 +26,10 @@ test: $(STAMP)
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not integration"
+
+# Long fault-injection trials (10 SIGKILLs per search method) besides everything else.
+test-slow: $(STAMP)
+	$(PY) -m pytest -q --slow
 
 # Lower end of the supported transformers range, in a separate venv (used by CI).
 test-lower:

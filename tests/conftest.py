@@ -79,10 +79,20 @@ def tiny_hf_folder(tmp_path_factory):
     return folder
 
 
+def pytest_addoption(parser):
+    parser.addoption("--slow", action="store_true", help="also run tests marked slow (long fault-injection trials)")
+
+
 def pytest_collection_modifyitems(config, items):
-    """Tests marked `data` read ../shared/data (or ORTHORANK_DATA_DIR); without it they are skipped, saying why."""
+    """Tests marked `data` read ../shared/data (or ORTHORANK_DATA_DIR); without it they are skipped, saying why.
+    Tests marked `slow` run only with --slow."""
     from orthorank.evaluation.data import find_data_dir
 
+    if not config.getoption("--slow"):
+        later = pytest.mark.skip(reason="slow: run with --slow (make test-slow)")
+        for item in items:
+            if item.get_closest_marker("slow") is not None:
+                item.add_marker(later)
     if find_data_dir() is not None:
         return
     skip = pytest.mark.skip(reason="offline evaluation data not found: put it at ../shared/data or set "

@@ -32,7 +32,7 @@ def test_two_processes_equal_one(tiny_hf_folder, tmp_path):
     for n in (1, 2):
         for method in ("orthorank", "sleb", "shortened-ppl"):
             _run(["calibrate", *common, "--method", method, "--sparsity", "0.2,0.3", "--calib-data", str(text),
-                  "--calib-samples", "6", "--seq-len", "32", "--match", "nominal",
+                  "--calib-samples", "6", "--seq-len", "32", "--match", "nominal", "--no-store", "--measure-speed", "0",
                   "--out-dir", f"run{n}/plans/{tiny_hf_folder.name}"], tmp_path, n)
         plans[n] = {p.name: json.loads(p.read_text()) for p in (tmp_path / f"run{n}/plans").rglob("*.json")}
     assert plans[1].keys() == plans[2].keys() and len(plans[1]) == 6

@@ -16,7 +16,27 @@ IMPLS = ["sdpa", "eager", "flex_attention"]
 ATOL = 2e-5
 
 
+_FLEX_DENSE_ERROR: list[float] = []
+
+
+def _platform_flex_error() -> float:
+    """How far transformers' own flex_attention forward (no OrthoRank) lies from SDPA's on this platform, once per
+    session. On CPUs without AVX-512 (seen with torch 2.13.0 on an AMD EPYC with AVX2 only) the dense flex path
+    itself returns wrong numbers (0.2-0.3 in the logits of a tiny Llama), so nothing built on it can be checked
+    there."""
+    if not _FLEX_DENSE_ERROR:
+        ids = _ids()
+        with torch.no_grad():
+            ref = tiny_model("llama2", attn="sdpa")(ids).logits
+            flex = tiny_model("llama2", attn="flex_attention")(ids).logits
+        _FLEX_DENSE_ERROR.append(float((flex - ref).abs().max()))
+    return _FLEX_DENSE_ERROR[0]
+
+
 def _model(family: str, attn: str, **kw):
+    if attn == "flex_attention" and _platform_flex_error() > 1e-4:
+        pytest.skip(f"this platform's flex_attention is wrong in the dense model itself (max |logit difference| to "
+                    f"SDPA {_platform_flex_error():.3f}, torch {torch.__version__}); an upstream problem")
     try:
         return tiny_model(family, attn=attn, **kw)
     except ValueError as e:  # the family itself refuses this implementation (Gemma 2 and SDPA)

@@ -573,3 +573,41 @@ def test_plan_options_on_hybrid_plans(tiny_hf_folder, tmp_path, capsys):
     assert a["result"]["perplexity"] != b["result"]["perplexity"]
     assert b["plan"]["selection"]["order"] == "random" and b["plan"]["actions"] == {"1": 0.5, "2": "remove"}
     assert_user_error(capsys, "--ratio does not apply", *base, "--ratio", "0.5")
+
+
+def test_interrupted_hybrid_search_resumes_to_the_same_plans(calib, tmp_path):
+    """Every step is checkpointed; a search stopped after 3 steps and run again replays them and ends with the
+    plans, steps and losses of an uninterrupted search, reporting the targets it had reached again."""
+    from orthorank.baselines.checkpoint import Checkpoint
+    from orthorank.store import ResultStore
+
+    m, windows = calib
+    t, targets, ratios = table(), [1.15, 1.4], [0.25, 0.33, 0.5]
+    full = hybrid_search(StackRunner(m, windows, 2), t, targets, ratios, list(range(1, 7)), progress=False)
+    store = ResultStore(tmp_path / "store")
+
+    class Stop(Exception):
+        pass
+
+    def open_checkpoint(runner):
+        return Checkpoint.open(store, runner, "hybrid", {"targets": targets, "ratios": ratios}, code="hybrid-search")
+
+    runner = StackRunner(m, windows, 2)
+    ck = open_checkpoint(runner)
+    put = ck.put
+
+    def put_then_stop(index, value):
+        put(index, value)
+        if index >= 3:
+            raise Stop
+    ck.put = put_then_stop
+    with pytest.raises(Stop):
+        hybrid_search(runner, t, targets, ratios, list(range(1, 7)), progress=False, checkpoint=ck)
+    runner = StackRunner(m, windows, 2)
+    ck = open_checkpoint(runner)
+    seen = []
+    again = hybrid_search(runner, t, targets, ratios, list(range(1, 7)), progress=False, checkpoint=ck,
+                          on_reached=lambda target, result: seen.append(target))
+    assert ck.resumed == 3 and seen == targets
+    assert again.plans == full.plans and again.reached == full.reached
+    assert [s.to_dict() for s in again.steps] == [s.to_dict() for s in full.steps]

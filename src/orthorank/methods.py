@@ -21,7 +21,7 @@ class Method:
     plan_kind: str  # "dense", "orthorank" (token selection), "prune" (layer removal) or "hybrid" (both, per layer)
     reference: str
     search: str | None = None  # key in baselines.registry.SEARCHES: the calibration search that finds the layers
-    match: str = "compute"  # layer-count rule against pruning: "compute" (FLOPs) or "nominal" (the paper's)
+    match: str = "compute"  # rule against pruning: "compute" (FLOPs), "speed" (measured) or "nominal" (the paper's)
     layers: str = "plan"  # "plan" (saved plan from the search), "spread" (evenly spread: speed only), "none"
 
     @property
@@ -45,6 +45,8 @@ METHODS: dict[str, Method] = {m.name: m for m in (
            search="orthorank"),
     Method("orthorank-nominal", "orthorank", "Shin et al. 2025, layer count by the paper's nominal sparsity",
            search="orthorank", match="nominal"),
+    Method("orthorank-speed", "orthorank", "Shin et al. 2025, keep ratio matched to pruning's measured prefill "
+           "speed-up on this machine", search="orthorank", match="speed"),
     Method("sleb", "prune", "Song et al. 2024 (greedy block removal)", search="sleb"),
     Method("shortened-ppl", "prune", "Kim et al. 2024 (one-shot PPL criterion)", search="shortened-ppl"),
     Method("shortgpt", "prune", "Men et al. 2024 (Block Influence)", search="shortgpt"),

@@ -61,10 +61,35 @@ def check_writable(path: str | Path | None, overwrite: bool = False) -> None:
         raise UserError(f"{path} exists; pass --overwrite to replace it")
 
 
+def atomic_write_text(path: str | Path, text: str) -> Path:
+    """Write a whole file or nothing: a temporary file beside it, fsync, rename (a reader never sees half a file).
+    An unwritable folder or a full disk is a one-line error naming the path."""
+    import os
+    import tempfile
+
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
+    except OSError as exc:
+        raise UserError(f"cannot write {path}: {exc.strerror or exc}") from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise UserError(f"cannot write {path}: {exc.strerror or exc}") from None
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
 def write_json(path: str | Path, payload: dict[str, Any], *, device=None, overwrite: bool = False) -> Path:
     path = Path(path)
     check_writable(path, overwrite)
-    path.parent.mkdir(parents=True, exist_ok=True)
     body = {**payload, "environment": environment(device)}
-    path.write_text(json.dumps(body, indent=2, default=str) + "\n")
-    return path
+    return atomic_write_text(path, json.dumps(body, indent=2, default=str) + "\n")

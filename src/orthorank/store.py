@@ -33,6 +33,8 @@ NUMERIC_MODULES = {
     "zeroshot": _MODEL_MODULES + ("evaluation/zeroshot/scoring.py", "evaluation/zeroshot/convert.py"),
     "longctx": _MODEL_MODULES + ("evaluation/generation.py", "evaluation/longctx.py", "evaluation/longctx_suite.py",
                                  "evaluation/longbench.py"),
+    "search": _MODEL_MODULES + ("baselines/search.py",),
+    "hybrid-search": _MODEL_MODULES + ("baselines/search.py", "baselines/hybrid.py", "bench/cost_table.py"),
 }
 
 

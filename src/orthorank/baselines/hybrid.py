@@ -29,6 +29,7 @@ screening error seen on the re-checked ones, is re-checked too.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
@@ -116,12 +117,17 @@ def hybrid_search(runner: StackRunner, table: CostTable, targets: list[float], r
                   candidates: list[int], selection: SelectionConfig | None = None, progress: bool = True,
                   screen_batches: int | None = None, recheck: int = 3,
                   log: Callable[[str], None] | None = None,
-                  on_reached: Callable[[float, HybridResult], None] | None = None) -> HybridResult:
-    """The greedy search above; `on_reached(target, result)` is called as each target is reached (so a caller can
-    write that plan before the search goes on)."""
+                  on_reached: Callable[[float, HybridResult], None] | None = None,
+                  checkpoint=None) -> HybridResult:
+    """The greedy search above; `on_reached(target, result)` is called as each target is reached. With a
+    `checkpoint` (baselines/checkpoint.py) every step is stored as it is taken and the stored steps of an earlier,
+    interrupted run are replayed first (their targets reported again through `on_reached`)."""
     from orthorank import distributed as dist
+    from orthorank.baselines.checkpoint import Checkpoint, stored_steps
 
     start_t = time.perf_counter()
+    checkpoint = checkpoint or Checkpoint(None)
+    done = checkpoint.load()
     base = selection or SelectionConfig()
     if table.num_layers != len(runner.layers):
         raise UserError(f"{table.source} is for {table.num_layers} layers, the model has {len(runner.layers)}")
@@ -131,15 +137,46 @@ def hybrid_search(runner: StackRunner, table: CostTable, targets: list[float], r
     dense_cost = table.model_cost({})
     actions: dict[int, str | float] = {}
     config: dict = {}
-    loss = dense_loss = runner.cache(config)
+    replay = stored_steps(done)
+    if not replay:
+        loss = dense_loss = runner.cache(config)
+        if 0 not in done:
+            checkpoint.put(0, {"dense_loss": dense_loss})
     L = len(runner.layers)
     n_batches = len(runner.batches)
     screen = n_batches if screen_batches is None else max(1, min(screen_batches, n_batches))
     first_b, rest_b = list(range(screen)), list(range(screen, n_batches))
     screen_tokens, all_tokens = runner.batch_tokens(first_b), runner.tokens
     steps: list[HybridStep] = []
-    result = HybridResult(steps, dense_loss, 0.0, 0)
     pending = list(targets)
+    reached_now: list[float] = []
+    for st in replay:  # an interrupted run's steps, as they were taken
+        fields = {k: st[k] for k in ("layer", "before", "after", "loss", "delta_loss", "saved", "rate", "speedup",
+                                     "finishing")}
+        steps.append(HybridStep(**fields))
+        actions[st["layer"]] = st["after"]
+        config[st["layer"]] = None if st["after"] == REMOVE else runner.wrap(
+            st["layer"], replace(base, ratio=float(st["after"])))
+        runner.evaluations = st["evaluations"]
+        while pending and st["speedup"] >= pending[0] - 1e-12:
+            t = pending.pop(0)
+            reached_now.append(t)
+    result = HybridResult(steps, done[0]["dense_loss"] if replay else dense_loss, 0.0, 0)
+    checkpoint.resumed = len(replay)
+    if replay:
+        dense_loss = result.dense_loss
+        loss = runner.cache(config)  # the cached layer inputs of the replayed configuration
+        if log is not None and dist.is_main():
+            log(f"  resumed {len(replay)} finished step(s) from {checkpoint.folder}")
+        snapshot: dict[int, str | float] = {}
+        for k, st in enumerate(steps, 1):
+            snapshot[st.layer] = st.after
+            for t in [t for t in reached_now if t not in result.plans and st.speedup >= t - 1e-12]:
+                result.plans[t] = dict(snapshot)
+                result.reached[t] = k
+                if on_reached is not None:
+                    result.evaluations = runner.evaluations
+                    on_reached(t, result)
     bar = tqdm(total=None, desc="hybrid search", disable=not progress or not dist.is_main(), leave=True,
                unit="step")
 
@@ -223,6 +260,7 @@ def hybrid_search(runner: StackRunner, table: CostTable, targets: list[float], r
         sp = table.predicted_speedup(actions)
         steps.append(HybridStep(layer, before, after, new_loss, new_loss - loss, saved[pick],
                                 (new_loss - loss) / saved[pick], sp, finishing))
+        checkpoint.put(len(steps), {**dataclasses.asdict(steps[-1]), "evaluations": runner.evaluations})
         loss = new_loss
         bar.update(1)
         bar.set_postfix(move=f"{layer}:{_fmt(before)}->{_fmt(after)}", loss=f"{loss:.4f}",

@@ -19,6 +19,17 @@ class SearchMethod:
     plan_method: str  # "orthorank" (token selection) or "prune" (layer removal)
     reference: str
     run: Callable[..., SearchResult]  # (runner, steps, selection, progress, **search options)
+    greedy: bool = False  # one step per layer chosen (checkpointed per step); else one-shot scores
+
+    def settings(self, selection: SelectionConfig, screen: int | None, recheck: int) -> dict:
+        """What, besides the model and calibration windows, decides this search's result (its checkpoint key)."""
+        out: dict = {}
+        if self.plan_method == "orthorank":
+            out["selection"] = selection.to_dict()
+        if self.greedy:
+            out["screen_batches"] = screen
+            out["recheck"] = None if screen is None else recheck
+        return out
 
     def layer_count(self, sparsity: float, num_layers: int, ratio: float, match: str = "compute",
                     arch: Arch | None = None, seq_len: int = DEFAULT_COST_SEQ_LEN) -> int:
@@ -40,7 +51,7 @@ def _sleb(runner: StackRunner, n: int, sel: SelectionConfig, progress: bool, **o
 
 
 def _shortened(runner: StackRunner, n: int, sel: SelectionConfig, progress: bool, **opts) -> SearchResult:
-    return one_shot_ppl(runner, list(range(len(runner.layers))), progress)
+    return one_shot_ppl(runner, list(range(len(runner.layers))), progress, checkpoint=opts.get("checkpoint"))
 
 
 def _shortgpt(runner: StackRunner, n: int, sel: SelectionConfig, progress: bool, **opts) -> SearchResult:
@@ -50,8 +61,9 @@ def _shortgpt(runner: StackRunner, n: int, sel: SelectionConfig, progress: bool,
 SEARCH_METHODS: dict[str, SearchMethod] = {
     m.name: m
     for m in (
-        SearchMethod("orthorank", "orthorank", "Shin et al. 2025 (SLEB-style greedy layer choice)", _orthorank),
-        SearchMethod("sleb", "prune", "Song et al. 2024 (greedy block removal)", _sleb),
+        SearchMethod("orthorank", "orthorank", "Shin et al. 2025 (SLEB-style greedy layer choice)", _orthorank,
+                     greedy=True),
+        SearchMethod("sleb", "prune", "Song et al. 2024 (greedy block removal)", _sleb, greedy=True),
         SearchMethod("shortened-ppl", "prune", "Kim et al. 2024 (one-shot PPL criterion)", _shortened),
         SearchMethod("shortgpt", "prune", "Men et al. 2024 (Block Influence)", _shortgpt),
     )

@@ -147,6 +147,7 @@ def greedy_search(
     screen_batches: int | None = None,
     recheck: int = 3,
     log: Callable[[str], None] | None = None,
+    checkpoint: "Checkpoint | None" = None,
 ) -> SearchResult:
     """SLEB's loop: at each step try the change in every remaining candidate layer and keep the one whose
     calibration loss is lowest (ties: the lower layer index).
@@ -154,19 +155,41 @@ def greedy_search(
     Fast variant (screen_batches < all batches): every candidate is first scored on the first `screen_batches`
     calibration batches; the `recheck` best are then scored on all batches and the best of those is kept. With
     screen_batches None (or all batches) every candidate sees every batch: exhaustive greedy.
-    Under torchrun the candidates of a step are split across ranks; every rank ends with the same choice."""
+    Under torchrun the candidates of a step are split across ranks; every rank ends with the same choice.
+    With a `checkpoint`, each step is stored as it is chosen and the stored steps of an earlier run are replayed
+    first (baselines/checkpoint.py)."""
     from orthorank import distributed as dist
+    from orthorank.baselines.checkpoint import Checkpoint, stored_steps
 
     start_t = time.perf_counter()
+    checkpoint = checkpoint or Checkpoint(None)
+    done = checkpoint.load()
     config: Config = {}
-    dense_loss = runner.cache(config)
     order, losses = [], []
     remaining = list(candidates)
+    replay = stored_steps(done)[:steps]
+    for s in replay:
+        config[s["layer"]] = change(s["layer"])
+        order.append(s["layer"])
+        losses.append(s["loss"])
+        remaining.remove(s["layer"])
+        runner.evaluations = s["evaluations"]
+    checkpoint.resumed = len(replay)
+    if 0 in done and replay:
+        dense_loss = done[0]["dense_loss"]
+        runner.cache(config)  # the cached layer inputs of the replayed configuration
+    else:
+        dense_loss = runner.cache(config)
+        if 0 not in done:
+            checkpoint.put(0, {"dense_loss": dense_loss})
+    if replay and log is not None and dist.is_main():
+        log(f"  resumed {len(replay)} finished step(s) from {checkpoint.folder}: layers {order}")
     n_batches = len(runner.batches)
     screen = n_batches if screen_batches is None else max(1, min(screen_batches, n_batches))
     all_b, first_b = list(range(n_batches)), list(range(screen))
-    steps = min(steps, len(remaining))
-    bar = tqdm(total=steps, desc=desc, disable=not progress or not dist.is_main(), leave=True, unit="step")
+    steps = min(steps, len(order) + len(remaining))
+    bar = tqdm(total=steps, initial=len(order), desc=desc, disable=not progress or not dist.is_main(), leave=True,
+               unit="step")
 
     def score(cands: list[int], batches: list[int]) -> dict[int, dict[int, float]]:
         mine = {c: runner.batch_losses({**config, c: change(c)}, c, batches) for c in dist.shard(cands)}
@@ -176,7 +199,7 @@ def greedy_search(
             merged.update(part)
         return merged
 
-    for _ in range(steps):
+    while len(order) < steps:
         first = score(remaining, first_b)
         if screen < n_batches:
             totals = _screened_choice(remaining, first, lambda cs: score(cs, all_b[screen:]), recheck,
@@ -190,6 +213,7 @@ def greedy_search(
         order.append(best)
         losses.append(loss)
         remaining.remove(best)
+        checkpoint.put(len(order), {"layer": best, "loss": loss, "evaluations": runner.evaluations})
         bar.update(1)
         bar.set_postfix(layer=best, loss=f"{loss:.4f}")
         if log is not None and dist.is_main():
@@ -228,19 +252,33 @@ def _screened_choice(cands: list[int], first: dict[int, dict[int, float]], score
         check(more)
 
 
-def one_shot_ppl(runner: StackRunner, candidates: list[int], progress: bool = True) -> SearchResult:
-    """Shortened LLaMA's PPL criterion: remove each layer alone; the least harmful come first."""
+def one_shot_ppl(runner: StackRunner, candidates: list[int], progress: bool = True,
+                 checkpoint: "Checkpoint | None" = None) -> SearchResult:
+    """Shortened LLaMA's PPL criterion: remove each layer alone; the least harmful come first. With a `checkpoint`,
+    each layer's score is stored as it is known (entry layer + 1) and stored scores are not recomputed."""
     from orthorank import distributed as dist
+    from orthorank.baselines.checkpoint import Checkpoint
 
     start_t = time.perf_counter()
+    checkpoint = checkpoint or Checkpoint(None)
+    done = checkpoint.load()
     dense_loss = runner.cache({})
-    mine = {}
-    for c in tqdm(dist.shard(candidates), desc="shortened-ppl", disable=not progress or not dist.is_main(),
-                  leave=False):
-        mine[c] = runner.loss_with({c: None}, c)
-    scores = {}
-    for part in dist.all_gather(mine):
-        scores.update(part)
+    scores = {c: done[c + 1]["loss"] for c in candidates if c + 1 in done}
+    checkpoint.resumed = len(scores)
+    runner.evaluations += len(scores)  # stored scores count as evaluated, as in the run that made them
+    if 0 not in done:
+        checkpoint.put(0, {"dense_loss": dense_loss})
+    todo = [c for c in candidates if c not in scores]
+    n = dist.world_size()
+    bar = tqdm(total=len(todo), desc="shortened-ppl", disable=not progress or not dist.is_main(), leave=False)
+    for group in (todo[i:i + n] for i in range(0, len(todo), n)):
+        mine = {c: runner.loss_with({c: None}, c) for c in dist.shard(group)}
+        bar.update(len(group))
+        for part in dist.all_gather(mine):
+            for c, loss in part.items():
+                scores[c] = loss
+                checkpoint.put(c + 1, {"layer": c, "loss": loss})
+    bar.close()
     scores = {c: scores[c] for c in candidates}
     order = sorted(scores, key=lambda c: (scores[c], c))
     return SearchResult(order, [scores[c] for c in order], dense_loss, time.perf_counter() - start_t,

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from orthorank.models.loading import check_context
-
 import argparse
+import dataclasses
 import math
+import sys
 from pathlib import Path
 
 import torch
@@ -15,13 +15,14 @@ from orthorank.baselines.registry import get_search
 from orthorank.methods import METHODS, searched
 from orthorank.baselines.search import StackRunner
 from orthorank.cli.common import (
-    add_model_args, add_selection_args, finite_float, load_from_args, positive_int, selection_from_args,
+    add_model_args, add_selection_args, add_store_args, finite_float, load_from_args, positive_int,
+    selection_from_args, store_from_args,
 )
 from orthorank.errors import UserError
-from orthorank.evaluation.data import load_calibration_text
+from orthorank.models.loading import check_context
 from orthorank.method.apply import restore_dense
-from orthorank.method.cost import Arch
-from orthorank.method.plan import DEFAULT_COST_SEQ_LEN, MATCH_RULES, Plan, check_sparsity
+from orthorank.method.cost import Arch, compute_sparsity, ratio_to_match
+from orthorank.method.plan import DEFAULT_COST_SEQ_LEN, MATCH_RULES, Plan, check_sparsity, layers_for_sparsity
 from orthorank.method.plan_store import plan_file_method, sparsity_label
 from orthorank.results import check_writable
 
@@ -43,11 +44,23 @@ def parse_sparsities(text: str) -> list[float]:
     return sorted(set(values))
 
 
+def token_count(text: str) -> int:
+    """8K, 8k, 32768 -> tokens (K = 1024)."""
+    t = str(text).strip().lower()
+    try:
+        value = int(float(t[:-1]) * 1024) if t.endswith("k") else int(t)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a token count: {text!r} (e.g. 8K or 8192)") from None
+    if value < 2:
+        raise argparse.ArgumentTypeError(f"a calibration needs at least 2 tokens, got {text!r}")
+    return value
+
+
 def _match_rules(text: str) -> list[str]:
     rules = [r.strip() for r in text.split(",") if r.strip()]
     bad = [r for r in rules if r not in MATCH_RULES]
     if bad or not rules:
-        raise argparse.ArgumentTypeError(f"--match takes {', '.join(MATCH_RULES)} or both, got {text!r}")
+        raise argparse.ArgumentTypeError(f"--match takes {', '.join(MATCH_RULES)} (comma-separated), got {text!r}")
     return list(dict.fromkeys(rules))
 
 
@@ -67,15 +80,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ratios", default=None,
                    help="hybrid: selection ratios the search may use (default: every ratio on the cost table)")
     add_selection_args(p)
-    p.add_argument("--calib-data", default="c4", help="c4 (sample documents not used for evaluation), "
-                   "wikitext2-train (hub), or a text file")
+    p.add_argument("--calib-data", default="c4",
+                   help="calibration text: a domain's held-out part (c4, wikitext2, news, code), mix (equal tokens "
+                        "of c4, wikitext2, news and code) or mix:A+B, wikitext2-train (hub), or a text file")
     p.add_argument("--data-dir", default=None)
     p.add_argument("--calib-samples", type=positive_int, default=DEFAULT_CALIB_SAMPLES)
+    p.add_argument("--calib-tokens", type=token_count, default=None,
+                   help="calibration size in tokens, e.g. 8K or 32768 (sets --calib-samples to this / --seq-len)")
     p.add_argument("--seq-len", type=positive_int, default=DEFAULT_CALIB_SEQ_LEN, help="calibration window length")
     p.add_argument("--batch-size", type=positive_int, default=1)
     p.add_argument("--match", default="compute", type=_match_rules,
-                   help="OrthoRank layer count for a sparsity: compute (default: FLOPs skipped at --cost-seq-len at "
-                        "least pruning's) or nominal (the paper's round(s L / (1 - r)))")
+                   help="OrthoRank plans for a sparsity: compute (default: the fewest selection layers that reach "
+                        "pruning's compute sparsity at --cost-seq-len, with the keep ratio raised until the two are "
+                        "equal), speed (the same layers, keep ratio set so the measured prefill speed-up equals "
+                        "pruning's on this machine) or nominal (the paper's round(s L / (1 - r)) layers); several "
+                        "comma-separated")
     p.add_argument("--cost-seq-len", type=positive_int, default=DEFAULT_COST_SEQ_LEN,
                    help="sequence length at which compute sparsity is counted (the evaluation length)")
     p.add_argument("--screen-fraction", type=finite_float, default=DEFAULT_SCREEN_FRACTION,
@@ -83,11 +102,34 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "re-check the --recheck best on all of them (default %(default)s; 1 = exhaustive)")
     p.add_argument("--exhaustive", action="store_true", help="score every candidate on every calibration batch")
     p.add_argument("--recheck", type=positive_int, default=3)
+    p.add_argument("--measure-speed", type=int, default=5, metavar="N",
+                   help="time one prefill of --cost-seq-len tokens under each plan and dense, N interleaved repeats, "
+                        "and record the measured speed-up in the plan (0: do not time; --match speed needs N >= 3)")
+    add_store_args(p)
     out = p.add_mutually_exclusive_group(required=True)
     out.add_argument("-o", "--output", help="plan file (one sparsity)")
     out.add_argument("--out-dir", help="folder for <method>-<sparsity>.json, one per sparsity")
     p.add_argument("--overwrite", action="store_true")
     p.set_defaults(func=run)
+
+
+def calibration_samples(args) -> int:
+    """--calib-tokens (a multiple of --seq-len) or --calib-samples."""
+    if args.calib_tokens is None:
+        return args.calib_samples
+    if args.calib_tokens % args.seq_len:
+        raise UserError(f"--calib-tokens {args.calib_tokens} is not a multiple of --seq-len {args.seq_len}")
+    return args.calib_tokens // args.seq_len
+
+
+def check_calibration_source(source: str, data_dir) -> None:
+    """A missing or unknown calibration source, found before the model is loaded."""
+    from orthorank.baselines.calibration import parse_mix
+    from orthorank.evaluation.data import load_calibration_part
+
+    for name in parse_mix(source) or [source]:
+        if name != "wikitext2-train":
+            load_calibration_part(name, data_dir)
 
 
 def run(args) -> int:
@@ -100,7 +142,7 @@ def run(args) -> int:
     if args.target_speedup is not None or args.cost_table is not None or args.ratios is not None:
         raise UserError("--target-speedup, --cost-table and --ratios belong to --method hybrid")
     method = METHODS[args.method]
-    if method.match != "compute":  # orthorank-nominal: the search of orthorank under the nominal rule
+    if method.match != "compute":  # orthorank-nominal / -speed: the search of orthorank under that rule
         args.match = [method.match]
     args.method = method.search
     search = get_search(method.search)
@@ -111,6 +153,10 @@ def run(args) -> int:
     if search.plan_method == "orthorank" and selection.ratio >= 1.0:
         raise UserError("ratio 1.0 skips no work; choose a ratio below 1")
     rules = args.match if search.plan_method == "orthorank" else ["compute"]
+    if "speed" in rules and args.measure_speed < 3:
+        raise UserError("--match speed times the plans: give --measure-speed N with N >= 3")
+    if args.measure_speed < 0:
+        raise UserError(f"--measure-speed must be 0 or more, got {args.measure_speed}")
     jobs = [(rule, s) for rule in rules for s in sparsities]
     if args.output and len(jobs) > 1:
         raise UserError("-o takes one sparsity and one --match rule; use --out-dir for several")
@@ -118,65 +164,134 @@ def run(args) -> int:
         Path(args.out_dir) / f"{plan_file_method(args.method, rule)}-{sparsity_label(s)}.json" for rule, s in jobs]
     for path in outputs:
         check_writable(path, args.overwrite)
+    samples = calibration_samples(args)
+    if not 0.0 < args.screen_fraction <= 1.0:
+        raise UserError(f"--screen-fraction must be in (0, 1], got {args.screen_fraction}")
+    check_calibration_source(args.calib_data, args.data_dir)
 
     from orthorank import distributed as dist
+    from orthorank.baselines.calibration import calibration_set
+    from orthorank.baselines.checkpoint import Checkpoint
 
     dist.init(args.device)
-    text = load_calibration_text(args.calib_data, args.data_dir)
     lm = load_from_args(args)
     if lm.tokenizer is None:
         raise UserError("calibration needs a real model with a tokenizer")
     restore_dense(lm.model)
     L = lm.num_layers
     arch = Arch.from_config(lm.config, L)
-    counts = [search.layer_count(s, L, selection.ratio, rule, arch, args.cost_seq_len) for rule, s in jobs]
-    windows = calibration_windows(lm.tokenizer, text, args.calib_samples, args.seq_len, args.seed)
+    counts = [search.layer_count(s, L, selection.ratio, "nominal" if rule == "nominal" else "compute", arch,
+                                 args.cost_seq_len) for rule, s in jobs]
+    calib = calibration_set(lm.tokenizer, args.calib_data, samples, args.seq_len, args.seed, args.data_dir)
     check_context(lm.model, args.seq_len)
-    runner = StackRunner(lm.model, windows, args.batch_size)
-    if not 0.0 < args.screen_fraction <= 1.0:
-        raise UserError(f"--screen-fraction must be in (0, 1], got {args.screen_fraction}")
+    runner = StackRunner(lm.model, calib.windows, args.batch_size)
     screen = max(1, math.ceil(args.screen_fraction * len(runner.batches) - 1e-9))
     screen = None if args.exhaustive or screen >= len(runner.batches) else screen
     say = print if dist.is_main() else (lambda *a, **k: None)
-    greedy = args.method in ("orthorank", "sleb")
+    greedy = search.greedy
     say(f"{args.method}: " + (f"{max(counts)} greedy steps" if greedy else "one-shot scores") + f" over {L} layers, "
-        f"calibration {args.calib_samples} x {args.seq_len} tokens from {args.calib_data} (seed {args.seed})"
+        f"calibration {samples} x {args.seq_len} tokens from {args.calib_data} (seed {args.seed})"
         + ("" if not greedy else ", exhaustive" if screen is None else f", screening on {screen} of "
            f"{len(runner.batches)} batches and re-checking the contenders") + f", {dist.world_size()} process(es)")
-    result = search.run(runner, max(counts), selection, True, screen_batches=screen, recheck=args.recheck, log=say)
+    checkpoint = Checkpoint.open(store_from_args(args), runner, args.method,
+                                 search.settings(selection, screen, args.recheck))
+    try:
+        result = search.run(runner, max(counts), selection, True, screen_batches=screen, recheck=args.recheck,
+                            log=say, checkpoint=checkpoint)
+    except KeyboardInterrupt:
+        kept = checkpoint.resumed + checkpoint.written
+        where = f"in {checkpoint.folder}" if checkpoint.folder is not None else "nowhere (--no-store)"
+        print(f"orthorank calibrate: interrupted; {kept} finished {'step' if greedy else 'score'} entries kept "
+              f"{where}; run the same command again to resume from there", file=sys.stderr)
+        return 130
     say(f"{args.method}: search took {result.seconds:.1f}s ({result.evaluations} candidate evaluations; dense "
-        f"calibration loss {result.dense_loss:.4f})")
+        f"calibration loss {result.dense_loss:.4f})" + (f"; resumed {checkpoint.resumed} stored step(s)"
+                                                       if checkpoint.resumed else ""))
     if not dist.is_main():
         return 0
-    for (rule, s), n, path in zip(jobs, counts, outputs):
+    plans = []
+    for (rule, s), n in zip(jobs, counts):
+        sel, matched = selection, None
+        if search.plan_method == "orthorank" and rule == "compute":
+            target = compute_sparsity(arch, args.cost_seq_len, "prune", layers_for_sparsity(s, L, "prune"))
+            ratio = ratio_to_match(arch, args.cost_seq_len, target, n, selection.ratio)
+            sel = dataclasses.replace(selection, ratio=ratio)
+            got = compute_sparsity(arch, args.cost_seq_len, "orthorank", n, ratio)
+            matched = {"rule": "equal compute", "knob": "one keep ratio for every selection layer, raised from "
+                       f"{selection.ratio:g} until the plan skips pruning's compute share",
+                       "base_ratio": selection.ratio, "ratio": ratio, "target_compute": round(target, 6),
+                       "compute": round(got, 6), "relative_error": round(abs(got - target) / target, 6)}
         plan = Plan(
             method=search.plan_method,
             layers=result.order[:n],
             model=lm.name,
             signature=lm.signature(),
-            selection=selection if search.plan_method == "orthorank" else None,
+            selection=sel if search.plan_method == "orthorank" else None,
             target_sparsity=s,
             arch=dict(arch.__dict__),
             provenance={
                 "search": args.method,
                 "reference": search.reference,
                 "match": rule if search.plan_method == "orthorank" else "removed ceil(s L)",
+                **({"matched": matched} if matched else {}),
                 "cost_seq_len": args.cost_seq_len,
                 "order": result.order[:n],
                 "losses": [round(x, 6) for x in result.losses[:n]],
                 "dense_loss": round(result.dense_loss, 6),
-                "calibration": {"data": args.calib_data, "samples": args.calib_samples, "seq_len": args.seq_len,
-                                "seed": args.seed},
+                "calibration": calib.provenance,
                 "search_mode": "exhaustive" if screen is None else {"screen_batches": screen,
                                                                     "recheck": args.recheck},
                 "search_seconds": round(result.seconds, 2),
+                "search_resumed_steps": checkpoint.resumed,
                 "search_device": f"{lm.device} x {dist.world_size()}, dtype {str(lm.model.dtype).removeprefix('torch.')}, "
                                  f"{torch.get_num_threads()} threads",
                 "evaluations": result.evaluations,
             },
         )
+        plans.append(plan)
+    if args.measure_speed:
+        _time_plans(lm, plans, jobs, counts, args, selection.ratio, say)
+    for plan, (rule, s), n, path in zip(plans, jobs, counts, outputs):
         plan.save(path, overwrite=args.overwrite)
         m = plan.sparsity(seq_len=args.cost_seq_len)
-        print(f"  sparsity {s:g}: {n} layers {sorted(plan.layers)} -> nominal {m['nominal']:.4f}, compute "
-              f"{m['compute']:.4f} at {args.cost_seq_len} tokens; wrote {path}")
+        measured = plan.provenance.get("measured", {}).get("speedup")
+        print(f"  sparsity {s:g} ({rule}): {n} layers {sorted(plan.layers)}"
+              + (f" at ratio {plan.selection.ratio:.4f}" if plan.method == "orthorank" else "")
+              + f" -> nominal {m['nominal']:.4f}, compute {m['compute']:.4f} at {args.cost_seq_len} tokens"
+              + (f", measured prefill speed-up {measured:.3f}x" if measured else "") + f"; wrote {path}")
     return 0
+
+
+def _time_plans(lm, plans: list[Plan], jobs, counts, args, base_ratio: float, say) -> None:
+    """Measured prefill speed-up of every plan (and, for --match speed, the keep ratio that equals pruning's)."""
+    from orthorank.bench.matching import match_speed, measured_speedups, with_ratio
+    from orthorank.bench.costmodel import spread_layers
+
+    T = min(args.cost_seq_len, int(getattr(lm.config, "max_position_embeddings", None) or args.cost_seq_len))
+    gen = torch.Generator().manual_seed(args.seed)
+    window = torch.randint(0, int(lm.config.vocab_size), (T,), generator=gen)
+    about = {"seq_len": T, "dtype": str(lm.model.dtype).removeprefix("torch."), "threads": torch.get_num_threads(),
+             "device": str(lm.device), "repeats": args.measure_speed}
+    for plan, (rule, s), n in zip(plans, jobs, counts):
+        if rule != "speed":
+            continue
+        removed = math.ceil(s * lm.num_layers - 1e-9)
+        reference = Plan("prune", spread_layers(removed, lm.num_layers), lm.name, lm.signature())
+        say(f"  matching the measured speed-up of removing {removed} layers at {s:g} ({T} tokens, "
+            f"{args.measure_speed} repeats per probe)")
+        found = match_speed(lm.model, lambda r, plan=plan: with_ratio(plan, r), reference, window,
+                            base_ratio, args.measure_speed, log=say)
+        plan.selection = dataclasses.replace(plan.selection, ratio=found["ratio"])
+        if not found["within_noise"]:
+            say(f"  warning: at {s:g} the closest keep ratio found, {found['ratio']:.4f}, gives "
+                f"{found['speedup']['speedup']:.3f}x against pruning's {found['reference']['speedup']:.3f}x, more "
+                f"apart than the timing noise ({found['noise']:.3f}); the plan records it as not matched")
+        plan.provenance["matched"] = {
+            "rule": "equal measured prefill speed-up", "knob": "one keep ratio for every selection layer",
+            "base_ratio": base_ratio,
+            "ratio": found["ratio"], "reference": f"removal of {removed} evenly spread layers",
+            "reference_speedup": found["reference"]["speedup"], "speedup": found["speedup"]["speedup"],
+            "difference": round(found["difference"], 4), "noise_iqr": found["noise"],
+            "within_noise": found["within_noise"], "probes": found["probes"], **about}
+    for plan, m in zip(plans, measured_speedups(lm.model, plans, window, args.measure_speed)):
+        plan.provenance["measured"] = {**m, **about}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import sys
 from pathlib import Path
 
 import torch
@@ -31,13 +32,12 @@ def target_label(target: float) -> str:
 
 def run_hybrid(args) -> int:
     from orthorank import distributed as dist
-    from orthorank.baselines.calibration import calibration_windows
+    from orthorank.baselines.calibration import calibration_set
     from orthorank.baselines.hybrid import check_targets, hybrid_search
     from orthorank.baselines.search import StackRunner
     from orthorank.bench.cost_table import CostTable, device_description, parse_ratios
     from orthorank.cli.calibrate import parse_sparsities
     from orthorank.cli.common import load_from_args, selection_from_args
-    from orthorank.evaluation.data import load_calibration_text
     from orthorank.method.apply import restore_dense
     from orthorank.method.cost import Arch
     from orthorank.method.plan import REMOVE, Plan
@@ -83,7 +83,10 @@ def run_hybrid(args) -> int:
         check_writable(path, args.overwrite)
 
     dist.init(args.device)
-    text = load_calibration_text(args.calib_data, args.data_dir)
+    from orthorank.cli.calibrate import calibration_samples, check_calibration_source
+
+    samples = calibration_samples(args)
+    check_calibration_source(args.calib_data, args.data_dir)
     lm = load_from_args(args)
     if lm.tokenizer is None:
         raise UserError("calibration needs a real model with a tokenizer")
@@ -92,9 +95,9 @@ def run_hybrid(args) -> int:
     restore_dense(lm.model)
     arch = Arch.from_config(lm.config, lm.num_layers)
     selection = selection_from_args(args)
-    windows = calibration_windows(lm.tokenizer, text, args.calib_samples, args.seq_len, args.seed)
+    calib = calibration_set(lm.tokenizer, args.calib_data, samples, args.seq_len, args.seed, args.data_dir)
     check_context(lm.model, args.seq_len)
-    runner = StackRunner(lm.model, windows, args.batch_size)
+    runner = StackRunner(lm.model, calib.windows, args.batch_size)
     if not 0.0 < args.screen_fraction <= 1.0:
         raise UserError(f"--screen-fraction must be in (0, 1], got {args.screen_fraction}")
     screen = max(1, math.ceil(args.screen_fraction * len(runner.batches) - 1e-9))
@@ -102,14 +105,17 @@ def run_hybrid(args) -> int:
     say = print if dist.is_main() else (lambda *a, **k: None)
     say(f"hybrid: targets {', '.join(f'{t:.4f}x' for t in targets)} on {table.source} "
         f"({table.device.get('name')}, {table.dtype}, {table.batch} x {table.seq_len}); ratios "
-        f"{', '.join(f'{r:g}' for r in ratios)}; calibration {args.calib_samples} x {args.seq_len} tokens from "
+        f"{', '.join(f'{r:g}' for r in ratios)}; calibration {samples} x {args.seq_len} tokens from "
         f"{args.calib_data} (seed {args.seed})" + (", exhaustive" if screen is None else
                                                   f", screening on {screen} of {len(runner.batches)} batches")
         + f", {dist.world_size()} process(es)")
     table_digest = hashlib.sha256(Path(args.cost_table).read_bytes()).hexdigest()[:16]
 
+    made: dict[float, Plan] = {}
+
     def write(t: float, result) -> None:
-        """Save the plan of target t as soon as the search reaches it."""
+        """Make the plan of target t as the search reaches it (they are saved together at the end, so a run
+        killed midway leaves no plan file; its steps are in the checkpoint and a rerun resumes from them)."""
         if not dist.is_main():
             return
         actions = result.plans[t]
@@ -134,8 +140,7 @@ def run_hybrid(args) -> int:
                 "steps": [s.to_dict() for s in result.steps[:n]],
                 "dense_loss": round(result.dense_loss, 6),
                 "loss": round(result.steps[n - 1].loss, 6),
-                "calibration": {"data": args.calib_data, "samples": args.calib_samples, "seq_len": args.seq_len,
-                                "seed": args.seed},
+                "calibration": calib.provenance,
                 "search_mode": "exhaustive" if screen is None else {"screen_batches": screen,
                                                                     "recheck": args.recheck},
                 "search_seconds": round(result.seconds, 2),  # up to this target
@@ -144,14 +149,32 @@ def run_hybrid(args) -> int:
                 "evaluations": result.evaluations,
             },
         )
-        plan.save(outputs[t], overwrite=args.overwrite)
+        made[t] = plan
         sel = {i: c.ratio for i, c in plan.selection_layers.items()}
         print(f"  target {t:.4f}x: predicted {plan.provenance['predicted_speedup']:.4f}x after {n} steps; removed "
-              f"{plan.removed_layers}, selection {sel}; calibration loss {plan.provenance['loss']:.4f}; wrote "
-              f"{outputs[t]}", flush=True)
+              f"{plan.removed_layers}, selection {sel}; calibration loss {plan.provenance['loss']:.4f}",
+              flush=True)
 
-    result = hybrid_search(runner, table, targets, ratios, candidates, selection, progress=True,
-                           screen_batches=screen, recheck=args.recheck, log=say, on_reached=write)
+    from orthorank.baselines.checkpoint import Checkpoint
+    from orthorank.cli.common import store_from_args
+
+    settings = {"cost_table": table_digest, "targets": targets, "ratios": ratios, "candidates": candidates,
+                "selection": selection.to_dict(), "screen_batches": screen,
+                "recheck": None if screen is None else args.recheck}
+    checkpoint = Checkpoint.open(store_from_args(args), runner, "hybrid", settings, code="hybrid-search")
+    try:
+        result = hybrid_search(runner, table, targets, ratios, candidates, selection, progress=True,
+                               screen_batches=screen, recheck=args.recheck, log=say, on_reached=write,
+                               checkpoint=checkpoint)
+    except KeyboardInterrupt:
+        where = f"in {checkpoint.folder}" if checkpoint.folder is not None else "nowhere (--no-store)"
+        print(f"orthorank calibrate: interrupted; {checkpoint.resumed + checkpoint.written} finished step entries "
+              f"kept {where}; run the same command again to resume from there", file=sys.stderr)
+        return 130
     say(f"hybrid: search took {result.seconds:.1f}s, {len(result.steps)} steps ({result.evaluations} move "
-        f"evaluations; dense calibration loss {result.dense_loss:.4f})")
+        f"evaluations; dense calibration loss {result.dense_loss:.4f})"
+        + (f"; resumed {checkpoint.resumed} stored step(s)" if checkpoint.resumed else ""))
+    for t, plan in made.items():
+        plan.save(outputs[t], overwrite=args.overwrite)
+        print(f"  wrote {outputs[t]}")
     return 0

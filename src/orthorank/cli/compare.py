@@ -7,6 +7,7 @@ from __future__ import annotations
 from orthorank.models.loading import check_context
 
 import argparse
+import json
 import time
 from pathlib import Path
 
@@ -18,14 +19,15 @@ from orthorank.cli.calibrate import parse_sparsities
 from orthorank.cli.common import add_model_args, add_store_args, load_from_args, positive_int, store_from_args
 from orthorank.errors import UserError
 from orthorank.evaluation.compare import (
-    Row, ablation_plans, comparison_table, comparisons, evaluate_rows, markdown_table, measure_speedups, plot_ppl,
+    Row, ablation_plans, comparison_table, comparisons, dataset_stream, evaluate_rows, markdown_table,
+    measure_speedups, plot_ppl, worst_domain_table, worst_domains,
 )
-from orthorank.evaluation.data import DATASETS, load_eval_text
-from orthorank.evaluation.perplexity import eval_stream, make_windows
+from orthorank.evaluation.data import DATASETS, load_eval_part
+from orthorank.evaluation.perplexity import make_windows
 from orthorank.method.cost import Arch
 from orthorank.method.plan import MATCH_RULES, Plan
-from orthorank.method.plan_store import find_plan, plan_file_method
-from orthorank.results import check_writable, write_json
+from orthorank.method.plan_store import find_plan, plan_file_method, sparsity_label
+from orthorank.results import atomic_write_text, check_writable, write_json
 
 # compare takes the compute-matched names; --match adds the nominal OrthoRank rows
 METHODS = ("dense", *[n for n, m in _REGISTRY.items() if m.search is not None and m.match == "compute"])
@@ -41,14 +43,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--methods", default="dense,sleb,shortened-ppl,shortgpt,orthorank",
                    help=f"comma-separated, from {', '.join(METHODS)}")
     p.add_argument("--sparsity", default="0.1,0.2")
-    p.add_argument("--datasets", default="wikitext2,c4", help=f"comma-separated, from {', '.join(DATASETS)}")
+    p.add_argument("--datasets", default="wikitext2,c4",
+                   help=f"comma-separated: domains {', '.join(DATASETS)}, or paths to UTF-8 text files")
     p.add_argument("--data-dir", default=None)
     p.add_argument("--seq-len", type=positive_int, default=2048)
     p.add_argument("--max-windows", type=positive_int, default=None, help="bound the windows per dataset")
     p.add_argument("--batch-size", type=positive_int, default=1)
+    p.add_argument("--plans-dir", default=None,
+                   help="folder of <method>-<sparsity>.json plans (default: plans/<model>/ here or in the repository)")
     p.add_argument("--match", choices=MATCH_RULES, default="compute",
-                   help="which OrthoRank plans: compute-matched to pruning (default, orthorank-<s>.json) or the "
-                        "paper's nominal rule (orthorank-nominal-<s>.json)")
+                   help="which OrthoRank plans: compute-matched to pruning (default, orthorank-<s>.json), matched "
+                        "to pruning's measured speed (orthorank-speed-<s>.json) or the paper's nominal rule "
+                        "(orthorank-nominal-<s>.json)")
     p.add_argument("--ablations", action="store_true",
                    help="add OrthoRank with random/inverse selection, raw states and no K/V for bypassed tokens "
                         "(sink hidden, and sink visible)")
@@ -74,8 +80,71 @@ def _split(text: str, allowed, what: str) -> list[str]:
     return items
 
 
+def _datasets(text: str) -> list[str]:
+    """Domain names or text files (unknown names and missing files are refused when their text is read)."""
+    items = list(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
+    if not items:
+        raise UserError(f"--datasets is empty; choose from {', '.join(DATASETS)} or give text files")
+    return items
+
+
+def calibration_overlap(tokenizer, rows: list[Row], windows: dict, data_dir) -> list[dict]:
+    """Checks every plan's calibration windows against every dataset's evaluation windows (evaluation/overlap.py):
+    the windows are rebuilt from the plan's recorded calibration (source, size, seed), and a dataset window that
+    shares more than MAX_SHARED of its 16-token runs with them stops the run before any evaluation."""
+    from orthorank.baselines.calibration import calibration_set
+    from orthorank.evaluation.overlap import MAX_SHARED, shared_share
+
+    built: dict[str, object] = {}
+    out = []
+    for row in rows:
+        cal = row.plan.provenance.get("calibration") if row.plan.method != "dense" else None
+        if not cal or "data" not in cal:
+            continue
+        key = json.dumps({k: cal.get(k) for k in ("data", "samples", "seq_len", "seed")}, sort_keys=True)
+        if key not in built:
+            try:
+                built[key] = calibration_set(tokenizer, cal["data"], int(cal["samples"]), int(cal["seq_len"]),
+                                             int(cal.get("seed", 0)), data_dir)
+            except UserError as exc:
+                raise UserError(f"cannot rebuild the calibration windows of {row.method}@{row.level:g} to check "
+                                f"them against the evaluation windows: {exc}") from None
+        cs = built[key]
+        recorded = cal.get("windows_sha256")
+        verified = recorded is None or recorded == cs.provenance["windows_sha256"]
+        if not verified:
+            raise UserError(f"the calibration windows of {row.method}@{row.level:g} ({cal['data']}) rebuild "
+                            "differently from when the plan was made (data or tokenizer changed); cannot check them "
+                            "against the evaluation windows")
+        for d, w in windows.items():
+            share = shared_share(w, cs.windows)
+            worst = int(share.argmax()) if share.size else 0
+            entry = {"row": row.method, "level": row.level, "calibration": cal["data"], "dataset": d,
+                     "max_shared": round(float(share.max()) if share.size else 0.0, 6), "window": worst,
+                     "windows_checked": int(w.shape[0])}
+            out.append(entry)
+            if entry["max_shared"] > MAX_SHARED:
+                first = int((share > MAX_SHARED).nonzero()[0][0])
+                hint = (f"evaluate the windows before it (--max-windows {first})" if first > 0
+                        else "use a plan calibrated on other text")
+                raise UserError(f"evaluation window {first} of {d} shares {100 * share[first]:.0f}% of its text "
+                                f"with the calibration windows of {row.method}@{row.level:g} ({cal['data']}); "
+                                f"{hint}")
+    return out
+
+
+def _plan_path(lm, label: str, sparsity: float, plans_dir: str | None) -> Path:
+    if plans_dir is None:
+        return find_plan(lm.name, label, sparsity)
+    path = Path(plans_dir) / f"{label}-{sparsity_label(sparsity)}.json"
+    if not path.is_file():
+        raise UserError(f"no {label} plan at sparsity {sparsity_label(sparsity)} in {plans_dir} (looked for {path}); "
+                        f"run `orthorank calibrate --out-dir {plans_dir}` first")
+    return path
+
+
 def build_rows(lm, methods: list[str], sparsities: list[float], ablations: bool, match: str = "compute",
-               ablation_levels: list[float] | None = None) -> list[Row]:
+               ablation_levels: list[float] | None = None, plans_dir: str | None = None) -> list[Row]:
     rows: list[Row] = []
     for method in methods:
         if method == "dense":
@@ -83,7 +152,7 @@ def build_rows(lm, methods: list[str], sparsities: list[float], ablations: bool,
             continue
         label = plan_file_method(method, match)
         for s in sparsities:
-            plan = Plan.load(find_plan(lm.name, label, s))
+            plan = Plan.load(_plan_path(lm, label, s, plans_dir))
             plan.check_model(lm.name, lm.signature())
             rows.append(Row(label, s, plan))
             if ablations and method == "orthorank" and (ablation_levels is None or s in ablation_levels):
@@ -93,7 +162,7 @@ def build_rows(lm, methods: list[str], sparsities: list[float], ablations: bool,
 
 def run(args) -> int:
     methods = _split(args.methods, METHODS, "method")
-    datasets = [] if args.no_ppl else _split(args.datasets, DATASETS, "dataset")
+    datasets = [] if args.no_ppl else _datasets(args.datasets)
     sparsities = parse_sparsities(args.sparsity)
     ablation_levels = parse_sparsities(args.ablation_levels) if args.ablation_levels else None
     tasks: list[str] = []
@@ -110,18 +179,19 @@ def run(args) -> int:
     out = Path(args.out)
     for name in ("compare.json", "compare.md", "compare.png"):
         check_writable(out / name, args.overwrite)
-    texts = {d: load_eval_text(d, args.data_dir) for d in datasets}
+    parts = {d: load_eval_part(d, args.data_dir) for d in datasets}
     dist.init(args.device)
     args.device = dist.local_device(args.device)
     lm = load_from_args(args)
     if lm.tokenizer is None:
         raise UserError("compare needs a real model with a tokenizer")
-    rows = build_rows(lm, methods, sparsities, args.ablations, args.match, ablation_levels)
+    rows = build_rows(lm, methods, sparsities, args.ablations, args.match, ablation_levels, args.plans_dir)
     store = store_from_args(args)
     arch = Arch.from_config(lm.config, lm.num_layers)
-    streams = {d: eval_stream(lm.tokenizer, d, t, args.seq_len) for d, t in texts.items()}
+    streams = {d: dataset_stream(lm.tokenizer, d, p.text, args.seq_len) for d, p in parts.items()}
     windows = {d: make_windows(s, args.seq_len, args.max_windows) for d, s in streams.items()}
     check_context(lm.model, args.seq_len)
+    overlap = calibration_overlap(lm.tokenizer, rows, windows, args.data_dir)
     say = print if dist.is_main() else (lambda *a, **k: None)
     from orthorank.store import model_fingerprint
 
@@ -159,12 +229,24 @@ def run(args) -> int:
         if comps:
             report += ["", "Paired perplexity ratios on the same windows (row / reference; below 1 = the row is "
                        "better; ** = the 95% interval excludes 1)\n", comparison_table(comps, datasets)]
+        worst = worst_domains(comps)
+        if worst:
+            report += ["", f"Worst-domain ratio against SLEB at the same level: the largest paired ratio over "
+                       f"{', '.join(datasets)}, with the bootstrap interval of that maximum (each dataset's windows "
+                       "resampled). Below 1 everywhere = better than SLEB on every dataset measured; ** = the "
+                       "interval excludes 1.\n", worst_domain_table(worst)]
+        if any(r.sparsity(arch, args.seq_len).get("measured_at", "this run") != "this run" for r in rows):
+            report.append("\n† measured when the plan was made (`calibrate --measure-speed`), not in this run.")
     payload = {"command": "compare", "model": lm.name, "datasets": datasets, "seq_len": args.seq_len,
                "windows": {d: int(w.shape[0]) for d, w in windows.items()}, "seed": args.seed,
                "dtype": str(lm.model.dtype), "match": args.match, "world_size": dist.world_size(),
                "arch": dict(arch.__dict__),
                "rows": [r.to_dict(arch, args.seq_len) for r in rows], "comparisons": [c.to_dict() for c in comps],
-               "plans": [r.plan.to_dict() for r in rows], "seconds": round(seconds, 1)}
+               "plans": [r.plan.to_dict() for r in rows], "seconds": round(seconds, 1),
+               "dataset_provenance": {d: p.provenance for d, p in parts.items()},
+               "calibration_overlap": overlap}
+    if datasets:
+        payload["worst_domain"] = [w.to_dict() for w in worst_domains(comps)]
     if zs is not None:
         from orthorank.evaluation.zeroshot.scoring import zeroshot_report
 
@@ -174,7 +256,7 @@ def run(args) -> int:
     text = "\n".join(report)
     print(text)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "compare.md").write_text(text + "\n")
+    atomic_write_text(out / "compare.md", text + "\n")
     write_json(out / "compare.json", payload, device=lm.device, overwrite=True)
     msg = f"\nwrote {out / 'compare.md'}, {out / 'compare.json'}"
     if datasets:

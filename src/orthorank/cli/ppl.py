@@ -11,7 +11,8 @@ from orthorank.cli.common import (
     add_model_args, add_output_args, add_plan_args, load_from_args, plan_from_args, positive_int,
 )
 from orthorank.evaluation.data import load_eval_text
-from orthorank.evaluation.perplexity import eval_stream, make_windows, window_nll
+from orthorank.evaluation.compare import dataset_stream
+from orthorank.evaluation.perplexity import make_windows, window_nll
 from orthorank.evaluation.stats import perplexity_interval
 from orthorank.method.cost import Arch
 from orthorank.errors import UserError
@@ -20,10 +21,11 @@ from orthorank.results import check_writable, write_json
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("ppl", help="perplexity on WikiText-2, C4 or a text file",
+    p = sub.add_parser("ppl", help="perplexity on a text domain (wikitext2, c4, news, code) or a text file",
                        description="Perplexity the GPTQ/SLEB way: non-overlapping windows, mean token NLL.")
     add_model_args(p)
-    p.add_argument("--dataset", default="wikitext2", help="wikitext2, c4, or a path to a UTF-8 text file")
+    p.add_argument("--dataset", default="wikitext2",
+                   help="wikitext2, c4, news, code (docs/data.md), or a path to a UTF-8 text file")
     p.add_argument("--data-dir", default=None, help="folder laid out like ../shared/data")
     p.add_argument("--seq-len", type=positive_int, default=2048)
     p.add_argument("--max-windows", type=positive_int, default=None)
@@ -40,7 +42,7 @@ def run(args) -> int:
     if lm.tokenizer is None:
         raise UserError(f"{args.model} is a random-weight shape; perplexity needs a real model")
     plan = plan_from_args(args, lm)
-    windows = make_windows(eval_stream(lm.tokenizer, args.dataset, text, args.seq_len), args.seq_len,
+    windows = make_windows(dataset_stream(lm.tokenizer, args.dataset, text, args.seq_len), args.seq_len,
                            args.max_windows)
     check_context(lm.model, args.seq_len)
     arch = Arch.from_config(lm.config, lm.num_layers)

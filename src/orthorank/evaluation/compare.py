@@ -50,7 +50,16 @@ class Row:
         return perplexity_interval(self.nll[dataset], self.tokens[dataset])
 
     def sparsity(self, arch: Arch, seq_len: int) -> dict[str, Any]:
-        return self.plan.sparsity(arch, seq_len, self.measured_speedup)
+        """Nominal, compute and measured; the measured speed-up is this run's (--measure-speed) or else the one
+        recorded when the plan was made ("measured_at": "plan")."""
+        if self.measured_speedup is not None:
+            return {**self.plan.sparsity(arch, seq_len, self.measured_speedup), "measured_at": "this run"}
+        recorded = self.plan.recorded_speedup
+        out = self.plan.sparsity(arch, seq_len, recorded)
+        if recorded is not None:
+            m = self.plan.provenance.get("measured", {})
+            out["measured_at"] = f"plan ({m.get('seq_len')} tokens, {m.get('dtype')}, {m.get('threads')} threads)"
+        return out
 
     def to_dict(self, arch: Arch, seq_len: int) -> dict[str, Any]:
         out: dict[str, Any] = {"method": self.method, "level": self.level, "layers": self.plan.layers,
@@ -70,6 +79,16 @@ def ablation_plans(plan: Plan) -> list[tuple[str, Plan]]:
                                       provenance={**plan.provenance, "ablation": name})
         out.append((f"orthorank ({name})", variant))
     return out
+
+
+def dataset_stream(tokenizer, dataset: str, text: str, seq_len: int) -> torch.Tensor:
+    """The token stream a dataset's windows are cut from: the whole text, or for a capped domain (c4, news, code)
+    its first 256 x seq_len tokens (for wikitext2 and c4 the same stream as perplexity.eval_stream)."""
+    from orthorank.evaluation.data import is_capped
+    from orthorank.evaluation.perplexity import C4_WINDOWS, tokenize_text
+
+    ids = tokenize_text(tokenizer, text)
+    return ids[: C4_WINDOWS * seq_len] if is_capped(dataset) else ids
 
 
 def evaluate_rows(model, rows: list[Row], windows: dict[str, torch.Tensor], streams: dict[str, torch.Tensor],
@@ -141,7 +160,8 @@ class Comparison:
 
 def reference_rows(row: Row, rows: list[Row]) -> list[Row]:
     """What a row is compared with: OrthoRank with every pruning method at its level; an ablation with OrthoRank at
-    its level; a pruning method with dense."""
+    its level; a pruning method with dense and, other than SLEB, with SLEB at its level (every method's paired ratio
+    against SLEB is what the worst-domain table reads)."""
     if row.method == "dense":
         return []
     if row.ablation is not None:
@@ -151,7 +171,7 @@ def reference_rows(row: Row, rows: list[Row]) -> list[Row]:
                 and (r.method in PRUNING or r.family.startswith("orthorank"))]
     if row.family.startswith("orthorank"):
         return [r for r in rows if r.method in PRUNING and r.level == row.level]
-    return [r for r in rows if r.method == "dense"]
+    return [r for r in rows if r.method == "dense" or (r.method == "sleb" != row.method and r.level == row.level)]
 
 
 def comparisons(rows: list[Row]) -> list[Comparison]:
@@ -165,6 +185,54 @@ def comparisons(rows: list[Row]) -> list[Comparison]:
     return out
 
 
+@dataclass
+class WorstDomain:
+    row: Row
+    reference: Row
+    ratio: Interval  # the largest paired ratio over the domains, with the interval of the maximum
+    dataset: str
+    datasets: list[str]
+
+    @property
+    def verdict(self) -> str:
+        if self.ratio.high < 1.0:
+            return "lower everywhere"
+        if self.ratio.low > 1.0:
+            return "higher somewhere"
+        return "no difference"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"method": self.row.method, "level": self.row.level, "vs": self.reference.method,
+                "worst_dataset": self.dataset, "datasets": self.datasets, "ratio": round(self.ratio.value, 6),
+                "ci95": [round(self.ratio.low, 6), round(self.ratio.high, 6)], "verdict": self.verdict}
+
+
+def worst_domains(comps: list[Comparison], reference: str = "sleb") -> list[WorstDomain]:
+    """Per row and level, the worst (largest) paired perplexity ratio against `reference` over every dataset both
+    were scored on: what a user without their own evaluation text should look at."""
+    from orthorank.evaluation.stats import worst_ratio
+
+    groups: dict[tuple[str, float], list[Comparison]] = {}
+    for c in comps:
+        if c.b.method == reference and c.a.level == c.b.level:
+            groups.setdefault((c.a.method, c.a.level), []).append(c)
+    out = []
+    for cs in groups.values():
+        interval, k = worst_ratio([(c.a.nll[c.dataset], c.b.nll[c.dataset], c.a.tokens[c.dataset]) for c in cs])
+        out.append(WorstDomain(cs[0].a, cs[0].b, interval, cs[k].dataset, [c.dataset for c in cs]))
+    return out
+
+
+def worst_domain_table(worst: list[WorstDomain]) -> str:
+    head = ["row", "level", "vs", "worst dataset", "worst ratio [95% CI]", "verdict"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    for w in worst:
+        text = f"{w.ratio.value:.3f} [{w.ratio.low:.3f}, {w.ratio.high:.3f}]"
+        lines.append("| " + " | ".join([w.row.method, f"{w.row.level:g}", w.reference.method, w.dataset,
+                                        f"**{text}**" if w.ratio.excludes(1.0) else text, w.verdict]) + " |")
+    return "\n".join(lines)
+
+
 def _ci(ci: Interval) -> str:
     return f"{ci.value:.2f} [{ci.low:.2f}, {ci.high:.2f}]"
 
@@ -174,7 +242,8 @@ def markdown_table(rows: list[Row], datasets: list[str], arch: Arch, seq_len: in
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for r in rows:
         s = r.sparsity(arch, seq_len)
-        measured = f"{s['measured_speedup']:.3f}x" if s["measured_speedup"] else "-"
+        measured = (f"{s['measured_speedup']:.3f}x" + ("" if s.get("measured_at") == "this run" else "†")
+                    if s["measured_speedup"] else "-")
         cells = [r.method, f"{r.level:g}", str(len(r.plan.layers)), f"{s['nominal']:.3f}", f"{s['compute']:.3f}",
                  measured, *[_ci(r.interval(d)) if d in r.nll else "-" for d in datasets]]
         lines.append("| " + " | ".join(cells) + " |")

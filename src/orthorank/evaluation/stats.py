@@ -96,3 +96,24 @@ def paired_difference(a, b, *, iters: int = DEFAULT_ITERS, seed: int = 0, level:
     d = a - b
     idx = resample_indices(d.size, iters, seed)
     return Interval(float(d.mean()), *_percentiles(d[idx].mean(1), level), level)
+
+
+def worst_ratio(pairs: list[tuple], *, iters: int = DEFAULT_ITERS, seed: int = 0,
+                level: float = DEFAULT_LEVEL) -> tuple[Interval, int]:
+    """The largest of several paired perplexity ratios ppl(a) / ppl(b), one per domain, and which domain it is.
+
+    pairs: [(nll_a, nll_b, tokens)] per domain, each paired over that domain's windows. The interval is of the
+    maximum itself: every bootstrap draw resamples each domain's windows (independently across domains, as their
+    windows are) and takes the largest ratio, so it accounts for picking the worst of several noisy ratios."""
+    if not pairs:
+        raise ValueError("no domains to take the worst of")
+    values, draws = [], []
+    for k, (a, b, tokens) in enumerate(pairs):
+        a = np.asarray(a, dtype=np.float64)
+        b = np.asarray(b, dtype=np.float64)
+        tok = np.broadcast_to(np.asarray(tokens, dtype=np.float64), a.shape)
+        values.append(math.exp((a.sum() - b.sum()) / tok.sum()))
+        idx = resample_indices(a.size, iters, seed + k)
+        draws.append(np.exp((a[idx].sum(1) - b[idx].sum(1)) / tok[idx].sum(1)))
+    worst = int(np.argmax(values))
+    return Interval(values[worst], *_percentiles(np.max(np.stack(draws), axis=0), level), level), worst

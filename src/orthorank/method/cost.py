@@ -141,3 +141,27 @@ def hybrid_compute_sparsity(arch: Arch, seq_len: int, removed: int, ratios: list
     plain = arch.num_layers - removed - len(ratios)
     flops = plain * dense_layer + sum(selection_layer_flops(arch, seq_len, r) for r in ratios) + head_flops(arch)
     return 1.0 - flops / model_flops(arch, seq_len)
+
+
+def ratio_to_match(arch: Arch, seq_len: int, target: float, count: int, base_ratio: float) -> float:
+    """The keep ratio, at least `base_ratio`, with which `count` selection layers skip the compute share closest to
+    `target` at `seq_len` (exact matching: the layer count alone overshoots, since each selection layer skips a
+    fixed share). Ratios are K / seq_len for a whole number of kept tokens K, so the plan keeps exactly K tokens of
+    a window of seq_len; the remaining error is under one token per layer."""
+    from orthorank.method.selection import keep_count
+
+    def skipped(k: int) -> float:
+        return compute_sparsity(arch, seq_len, "orthorank", count, k / seq_len)
+
+    lo = keep_count(seq_len, base_ratio)
+    if count <= 0 or skipped(lo) <= target:
+        return base_ratio
+    hi = seq_len  # skipped(hi) < target (a layer keeping every token still pays the scoring)
+    while hi - lo > 1:  # invariant: skipped(lo) > target >= skipped(hi)
+        mid = (lo + hi) // 2
+        if skipped(mid) > target:
+            lo = mid
+        else:
+            hi = mid
+    k = lo if abs(skipped(lo) - target) <= abs(skipped(hi) - target) else hi
+    return k / seq_len

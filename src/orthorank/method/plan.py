@@ -24,7 +24,10 @@ REMOVE = "remove"
 # "compute": the fewest selection layers whose compute sparsity (FLOPs skipped at the evaluated sequence length,
 # counting what bypassed tokens still run) is at least that of pruning ceil(s * L) layers - the fair default;
 # "nominal": the paper's rule, round(s * L / (1 - r)) layers, equal nominal sparsity.
-MATCH_RULES = ("compute", "nominal")
+# `calibrate` makes compute-matched plans exact by raising the plans' one keep ratio until the compute shares are
+# equal, and adds "speed": the same layers, the keep ratio set so that the measured prefill speed-up equals
+# pruning's on the machine at hand.
+MATCH_RULES = ("compute", "nominal", "speed")
 DEFAULT_COST_SEQ_LEN = 2048
 
 
@@ -42,7 +45,7 @@ def layers_for_sparsity(sparsity: float, num_layers: int, method: str, ratio: fl
         raise UserError("ratio 1.0 skips no work, so no layer count reaches a sparsity above 0")
     if match == "nominal":
         return min(num_layers, round(sparsity * num_layers / (1.0 - ratio)))
-    if match != "compute":
+    if match not in ("compute", "speed"):
         raise UserError(f"unknown sparsity matching rule {match!r}; choose one of {', '.join(MATCH_RULES)}")
     if arch is None:
         raise ValueError("match='compute' needs the model's architecture")
@@ -161,6 +164,11 @@ class Plan:
         return {"nominal": round(self.nominal_sparsity, 6), "compute": None if comp is None else round(comp, 6),
                 "compute_seq_len": seq_len, "measured_speedup": measured}
 
+    @property
+    def recorded_speedup(self) -> float | None:
+        """The prefill speed-up measured when the plan was made (`calibrate --measure-speed`), if it was."""
+        return (self.provenance.get("measured") or {}).get("speedup")
+
     def label(self) -> str:
         if self.method == "dense":
             return "dense"
@@ -186,7 +194,8 @@ class Plan:
             "layers": self.layers,
             "selection": self.selection.to_dict() if self.selection else None,
             "target_sparsity": self.target_sparsity,
-            "sparsity": self.sparsity(seq_len=int(self.provenance.get("cost_seq_len", DEFAULT_COST_SEQ_LEN))),
+            "sparsity": self.sparsity(seq_len=int(self.provenance.get("cost_seq_len", DEFAULT_COST_SEQ_LEN)),
+                                      measured=self.recorded_speedup),
             "arch": self.arch,
             "provenance": self.provenance,
         }
@@ -198,8 +207,9 @@ class Plan:
         path = Path(path)
         if path.exists() and not overwrite:
             raise UserError(f"{path} exists; pass --overwrite to replace it")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        from orthorank.results import atomic_write_text
+
+        atomic_write_text(path, json.dumps(self.to_dict(), indent=2) + "\n")
         return path
 
     @classmethod

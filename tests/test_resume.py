@@ -1,0 +1,196 @@
+"""Searches resume: every greedy step is checkpointed in the result store as it is chosen; a rerun after an
+interruption (an exception, Ctrl-C, or kill -9 at a random moment) finishes with the plan an uninterrupted run
+writes, and no half-written file is left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import tiny_model
+from orthorank.baselines.checkpoint import Checkpoint
+from orthorank.baselines.registry import SEARCH_METHODS
+from orthorank.baselines.search import StackRunner
+from orthorank.method import SelectionConfig
+from orthorank.store import ResultStore
+
+
+class Stop(Exception):
+    pass
+
+
+def _search(method, store, steps=4, stop_after=None, seed=0):
+    m = tiny_model(layers=8, seed=seed)
+    windows = torch.randint(1, 128, (6, 32), generator=torch.Generator().manual_seed(seed))
+    runner = StackRunner(m, windows, 2)
+    search = SEARCH_METHODS[method]
+    sel = SelectionConfig(ratio=0.33)
+    ck = Checkpoint.open(store, runner, method, search.settings(sel, None, 3))
+    if stop_after is not None:  # interrupt once `stop_after` steps are stored
+        put = ck.put
+
+        def put_then_stop(index, value):
+            put(index, value)
+            if index >= stop_after:
+                raise Stop
+        ck.put = put_then_stop
+    return search.run(runner, steps, sel, False, checkpoint=ck), ck
+
+
+@pytest.mark.parametrize("method", ["orthorank", "sleb", "shortened-ppl"])
+def test_interrupted_search_resumes_to_the_same_result(method, tmp_path):
+    full, _ = _search(method, None)
+    store = ResultStore(tmp_path / "store")
+    with pytest.raises(Stop):
+        _search(method, store, stop_after=2)
+    resumed, ck = _search(method, store)
+    assert ck.resumed == 2 and resumed.order == full.order and resumed.losses == full.losses
+    assert resumed.dense_loss == full.dense_loss and resumed.evaluations == full.evaluations
+    # a third run replays everything and computes nothing new
+    again, ck = _search(method, store)
+    assert ck.written == 0 and again.order == full.order
+
+
+def test_fewer_steps_take_the_stored_prefix_and_more_steps_go_on(tmp_path):
+    store = ResultStore(tmp_path / "store")
+    full, _ = _search("sleb", None, steps=5)
+    short, _ = _search("sleb", store, steps=2)
+    assert short.order == full.order[:2]
+    longer, ck = _search("sleb", store, steps=5)
+    assert ck.resumed == 2 and longer.order == full.order and longer.losses == full.losses
+
+
+def test_checkpoint_key_separates_settings(tmp_path):
+    """Another selection ratio or other calibration windows is another search, never mixed up with this one."""
+    store = ResultStore(tmp_path / "store")
+    _search("orthorank", store, steps=2)
+    m = tiny_model(layers=8)
+    windows = torch.randint(1, 128, (6, 32), generator=torch.Generator().manual_seed(0))
+    runner = StackRunner(m, windows, 2)
+    search = SEARCH_METHODS["orthorank"]
+    other = Checkpoint.open(store, runner, "orthorank", search.settings(SelectionConfig(ratio=0.5), None, 3))
+    assert other.load() == {}
+    runner2 = StackRunner(m, windows[:4], 2)
+    same_sel = Checkpoint.open(store, runner2, "orthorank", search.settings(SelectionConfig(ratio=0.33), None, 3))
+    assert same_sel.load() == {}
+
+
+# -- a real `calibrate` process killed with SIGKILL at random moments ---------------------------------------------
+
+
+def _env():
+    return dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
+
+
+@pytest.fixture(scope="module")
+def slow_setup(tmp_path_factory):
+    """A tiny 10-layer model with the real tokenizer and a calibration file: a search of several seconds."""
+    from orthorank.models.loading import embedded_gguf_path
+    from transformers import AutoTokenizer
+
+    gguf = embedded_gguf_path()
+    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    root = tmp_path_factory.mktemp("resume")
+    folder = root / "tiny10"
+    m = tiny_model(layers=10, vocab_size=len(tok), pad_token_id=tok.eos_token_id, hidden_size=128,
+                   intermediate_size=512)
+    m.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    text = root / "calib.txt"
+    text.write_text(" ".join(f"Sentence {i} of the calibration text, about topic {i % 17}." for i in range(3000)))
+    return folder, text
+
+
+def _calibrate(folder, text, cwd, out, method="orthorank", extra=()):
+    return [sys.executable, "-m", "orthorank.cli.main", "calibrate", "--model", str(folder), "--method", method,
+            "--sparsity", "0.3", "--calib-data", str(text), "--calib-samples", "8", "--seq-len", "64",
+            "--threads", "1", "--measure-speed", "0", "--store", "store", "-o", out, *extra]
+
+
+def _plan_body(path: Path) -> dict:
+    plan = json.loads(path.read_text())
+    for k in ("search_seconds", "search_resumed_steps"):
+        plan["provenance"].pop(k)
+    return plan
+
+
+def _no_partial_files(folder: Path) -> None:
+    """Every visible file is whole: plans and store entries parse (and entries match their checksum). A SIGKILL
+    during a write can leave only a temporary `.part` file, which nothing reads."""
+    from orthorank.store import digest
+
+    for p in folder.rglob("*.json"):
+        body = json.loads(p.read_text())
+        if p.name.startswith("e-"):
+            assert body["sha256"] == digest(body["entries"], 64), p
+
+
+def _kill_trials(slow_setup, tmp_path, trials, method):
+    """`trials` times: start the command, SIGKILL it at a moment drawn uniformly over an uninterrupted run's wall
+    time (imports, loading, the search, writing), then run it again; the plan must equal the uninterrupted one."""
+    folder, text = slow_setup
+    started = time.perf_counter()
+    ref = subprocess.run(_calibrate(folder, text, tmp_path, "ref.json", method, ["--no-store"]), cwd=tmp_path,
+                         env=_env(), capture_output=True, text=True, timeout=600)
+    wall = time.perf_counter() - started
+    assert ref.returncode == 0, ref.stderr[-2000:]
+    expected = _plan_body(tmp_path / "ref.json")
+    rng = random.Random(1234)
+    outcomes = []
+    for trial in range(trials):
+        work = tmp_path / f"t{trial}"
+        work.mkdir()
+        proc = subprocess.Popen(_calibrate(folder, text, work, "plan.json", method), cwd=work, env=_env(),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(rng.uniform(0.05, 1.0) * wall)
+        killed = proc.poll() is None
+        if killed:
+            proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        stored = sorted(p.name for p in (work / "store").rglob("e-*.json")) if (work / "store").exists() else []
+        _no_partial_files(work)
+        if (work / "plan.json").exists():  # written whole or not at all
+            json.loads((work / "plan.json").read_text())
+        done = subprocess.run(_calibrate(folder, text, work, "plan.json", method, ["--overwrite"]), cwd=work,
+                              env=_env(), capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert _plan_body(work / "plan.json") == expected, f"trial {trial}: resumed plan differs"
+        _no_partial_files(work)
+        outcomes.append({"killed": killed, "entries_kept": len(stored)})
+    return outcomes
+
+
+@pytest.mark.parametrize("method", ["orthorank"])
+def test_calibrate_killed_at_random_moments_resumes_to_the_same_plan(slow_setup, tmp_path, method):
+    _kill_trials(slow_setup, tmp_path, 3, method)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["orthorank", "sleb", "shortened-ppl"])
+def test_calibrate_killed_ten_times(slow_setup, tmp_path, method):
+    _kill_trials(slow_setup, tmp_path, 10, method)
+
+
+def test_ctrl_c_says_what_was_kept_and_how_to_resume(slow_setup, tmp_path):
+    folder, text = slow_setup
+    proc = subprocess.Popen(_calibrate(folder, text, tmp_path, "plan.json"), cwd=tmp_path, env=_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    store = tmp_path / "store" / "search"
+    deadline = time.time() + 120
+    while time.time() < deadline and not list(store.rglob("e-0000001-*.json")):  # wait for the first step
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    lines = [line for line in err.strip().splitlines() if "interrupted" in line]
+    assert len(lines) == 1 and "run the same command again to resume" in lines[0] and "Traceback" not in err
+    assert not (tmp_path / "plan.json").exists()
