@@ -143,8 +143,13 @@ def test_calibrate_on_domains_with_exact_matching_and_compare_every_domain(tiny_
     for method in ("sleb", "orthorank", "shortgpt"):
         code, out, err = run_cli(capsys, "calibrate", "--model", tiny_hf_folder, "--method", method,
                                  "--sparsity", "0.25", "--calib-data", "mix:c4+code", "--calib-tokens", "1K",
-                                 "--seq-len", "64", "--out-dir", f"plans/{name}", "--measure-speed", "3")
+                                 "--seq-len", "64", "--out-dir", f"plans/{name}", "--measure-speed", "3",
+                                 *(["--match", "compute,speed"] if method == "orthorank" else []))
         assert code == 0, err
+    speed = json.loads((tmp_path / "plans" / name / "orthorank-speed-0.25.json").read_text())
+    m = speed["provenance"]["matched"]
+    assert m["rule"] == "equal measured prefill speed-up" and m["probes"] and m["noise_iqr"] >= 0
+    assert m["within_noise"] == (abs(m["difference"]) <= m["noise_iqr"]) and m["ratio"] >= 0.33
     plan = json.loads((tmp_path / "plans" / name / "orthorank-0.25.json").read_text())
     matched = plan["provenance"]["matched"]
     assert matched["relative_error"] <= 0.005 and plan["selection"]["ratio"] >= 0.33
@@ -168,7 +173,7 @@ def test_compare_refuses_windows_that_overlap_a_plans_calibration(tiny_hf_folder
     monkeypatch.chdir(tmp_path)
     name = tiny_hf_folder.name
     code, out, err = run_cli(capsys, "calibrate", "--model", tiny_hf_folder, "--method", "sleb", "--sparsity", "0.25",
-                             "--calib-data", "wikitext2", "--calib-tokens", "64K", "--seq-len", "256",
+                             "--calib-data", "wikitext2", "--calib-tokens", "16K", "--seq-len", "256",
                              "--out-dir", f"plans/{name}", "--measure-speed", "0", "--no-store")
     assert code == 0, err
     assert_user_error(capsys, "--max-windows", "compare", "--model", tiny_hf_folder, "--methods", "dense,sleb",

@@ -74,6 +74,9 @@ def atomic_write_text(path: str | Path, text: str) -> Path:
     except OSError as exc:
         raise UserError(f"cannot write {path}: {exc.strerror or exc}") from None
     try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)  # an ordinary file's mode, not mkstemp's private 0600
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
             fh.flush()
