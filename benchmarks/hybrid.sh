@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Hybrid plans vs SLEB and OrthoRank at equal speed-up on the embedded model (README, "Hybrid plans"):
+# Hybrid plans vs SLEB and OrthoRank at equal speed-up on the embedded model (docs/results.md, "Hybrid plans"):
 #   1. the cost table of this device: smollm2-135m, bfloat16, 1 x 2048 tokens, THREADS threads (kept if present);
 #   2. the predicted speed-ups of the committed SLEB and OrthoRank plans at 0.1 and 0.2 (the targets);
 #   3. one hybrid search (C4 calibration 8 x 256, seed 0, bfloat16, screened) writing plans/smollm2-135m/hybrid-x<t>.json

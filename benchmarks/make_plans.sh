@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Makes the committed plans for the embedded model: every method at 10% and 20% sparsity, with the default
 # calibration (8 windows x 256 tokens of held-out C4 sample documents, seed 0, exhaustive greedy, bfloat16; see the
-# calibration-spread study in the README). OrthoRank plans are compute-matched to pruning (the default --match compute); the paper's
+# calibration-spread study in docs/results.md). OrthoRank plans are compute-matched to pruning (the default --match compute: exact since stop 27, one keep ratio raised from 0.33; the committed plans predate it and use 0.33); the paper's
 # nominal rule is made too (orthorank-nominal-*.json). Greedy searches run once for the largest sparsity; the
 # smaller one is the prefix of the same greedy order.
 set -euo pipefail

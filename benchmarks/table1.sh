@@ -4,7 +4,7 @@
 # seq-len 2048, bfloat16, 95% bootstrap intervals and paired ratios. Every finished window is kept in the result
 # store, so the run resumes where it stopped; raise MAX_WINDOWS (or unset it for every window) to extend it.
 #   MAX_WINDOWS=40 benchmarks/table1.sh        # the committed table (first 40 windows of each set)
-#   torchrun --nproc-per-node 2 ...            # the same command split across processes (see README)
+#   torchrun --nproc-per-node 2 ...            # the same command split across processes (see docs/design.md)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MAX_WINDOWS=${MAX_WINDOWS-40}

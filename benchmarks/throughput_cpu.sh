@@ -5,7 +5,7 @@
 #   2. the Llama-2-7B and Llama-3-8B shapes cut to 10 layers (random weights, bfloat16): prefill 1 x 1024
 #      (2 layers removed vs 3 selection layers), and one decoder layer alone, selective vs dense, against the cost
 #      model's f_kv + (1 - f_kv) * r.
-# Writes OUT_DIR/cpu-*.json and OUT_DIR/cpu-summary.md (the README table).
+# Writes OUT_DIR/cpu-*.json and OUT_DIR/cpu-summary.md (the docs/results.md table).
 #
 # Usage: benchmarks/throughput_cpu.sh [OUT_DIR]   (default benchmarks/results; about 20 minutes)
 # CPU timings move with whatever else runs on the machine: each run records the load average before and after.

@@ -56,7 +56,7 @@ def _device(rec: dict[str, Any]) -> str:
 
 
 def markdown_table(records: list[dict[str, Any]]) -> str:
-    """One row per (file, run, method): the README throughput table."""
+    """One row per (file, run, method): the docs/results.md throughput table."""
     out = ["| model | device | dtype | mode | batch x tokens | method | layers changed | tokens/s | speed-up "
            "| speed-up, best runs | vs layer removal | ideal | % of ideal |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]

@@ -26,7 +26,7 @@ from orthorank.method.plan import DEFAULT_COST_SEQ_LEN, MATCH_RULES, Plan, check
 from orthorank.method.plan_store import plan_file_method, sparsity_label
 from orthorank.results import check_writable
 
-# Default calibration: chosen from the calibration-spread study (benchmarks/calibration_spread.py, README).
+# Default calibration: chosen from the calibration-spread study (benchmarks/calibration_spread.py, docs/results.md).
 DEFAULT_CALIB_SAMPLES = 8
 DEFAULT_CALIB_SEQ_LEN = 256
 DEFAULT_SCREEN_FRACTION = 1.0  # exhaustive; screening (e.g. 0.25) pays off for larger calibration sets
