@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from cli_helpers import assert_user_error, run_cli
-from orthorank.baselines.calibration import calibration_set, parse_mix
+from orthorank.search.calibration import calibration_set, parse_mix
 from orthorank.errors import UserError
 from orthorank.evaluation.compare import dataset_stream
 from orthorank.evaluation.data import DOMAINS, load_calibration_part, load_eval_part

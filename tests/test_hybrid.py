@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from transformers import AutoModelForCausalLM
 
 from conftest import tiny_model
-from orthorank.baselines.search import StackRunner
+from orthorank.search.layer_search import StackRunner
 from orthorank.errors import UserError
 from orthorank.method import Plan, SelectionConfig, apply_orthorank, apply_plan, prune_layers, restore_dense
 from orthorank.method.apply import selective
@@ -214,7 +214,7 @@ def test_apply_hybrid_errors():
 
 # -- cost table -----------------------------------------------------------------------------------------------------
 
-from orthorank.baselines.hybrid import check_targets, hybrid_search, moves_from  # noqa: E402
+from orthorank.search.hybrid import check_targets, hybrid_search, moves_from  # noqa: E402
 from orthorank.bench.cost_table import CostTable, device_description  # noqa: E402
 from orthorank.method.plan import REMOVE  # noqa: E402
 
@@ -578,7 +578,7 @@ def test_plan_options_on_hybrid_plans(tiny_hf_folder, tmp_path, capsys):
 def test_interrupted_hybrid_search_resumes_to_the_same_plans(calib, tmp_path):
     """Every step is checkpointed; a search stopped after 3 steps and run again replays them and ends with the
     plans, steps and losses of an uninterrupted search, reporting the targets it had reached again."""
-    from orthorank.baselines.checkpoint import Checkpoint
+    from orthorank.search.checkpoint import Checkpoint
     from orthorank.store import ResultStore
 
     m, windows = calib

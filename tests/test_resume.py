@@ -17,9 +17,9 @@ import pytest
 import torch
 
 from conftest import tiny_model
-from orthorank.baselines.checkpoint import Checkpoint
-from orthorank.baselines.registry import SEARCH_METHODS
-from orthorank.baselines.search import StackRunner
+from orthorank.search.checkpoint import Checkpoint
+from orthorank.search.registry import SEARCH_METHODS
+from orthorank.search.layer_search import StackRunner
 from orthorank.method import SelectionConfig
 from orthorank.store import ResultStore
 

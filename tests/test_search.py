@@ -11,8 +11,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from conftest import tiny_model
-from orthorank.baselines.registry import SEARCH_METHODS
-from orthorank.baselines.search import StackRunner, block_influence, greedy_search, one_shot_ppl
+from orthorank.search.registry import SEARCH_METHODS
+from orthorank.search.layer_search import StackRunner, block_influence, greedy_search, one_shot_ppl
 from orthorank.cli.main import main
 from orthorank.method import SelectionConfig, apply_orthorank, layers_for_sparsity, prune_layers, restore_dense
 

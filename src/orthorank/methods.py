@@ -20,7 +20,7 @@ class Method:
     name: str
     plan_kind: str  # "dense", "orthorank" (token selection), "prune" (layer removal) or "hybrid" (both, per layer)
     reference: str
-    search: str | None = None  # key in baselines.registry.SEARCHES: the calibration search that finds the layers
+    search: str | None = None  # key in search.registry.SEARCHES: the calibration search that finds the layers
     match: str = "compute"  # rule against pruning: "compute" (FLOPs), "speed" (measured) or "nominal" (the paper's)
     layers: str = "plan"  # "plan" (saved plan from the search), "spread" (evenly spread: speed only), "none"
 

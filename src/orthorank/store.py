@@ -10,6 +10,7 @@ corrupt entry file raises an error naming it (or, with recompute=True, is set as
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import os
@@ -24,17 +25,18 @@ from torch import nn
 
 from orthorank.errors import UserError
 
-# The modules whose code decides the numbers a result of each kind holds; a change to any of them is a new code
-# version for that kind.
+# The modules whose code decides the numbers a result of each kind holds; a change to their code (not to their
+# comments or docstrings) is a new code version for that kind. How a model is loaded is not among them: what was
+# loaded is named by the model fingerprint (config, dtypes, attention implementation, sampled weights).
 _MODEL_MODULES = ("method/selection.py", "method/attention.py", "method/layer.py", "method/apply.py",
-                  "models/adapters.py", "models/loading.py")
+                  "models/adapters.py")
 NUMERIC_MODULES = {
     "perplexity": _MODEL_MODULES + ("evaluation/perplexity.py",),
     "zeroshot": _MODEL_MODULES + ("evaluation/zeroshot/scoring.py", "evaluation/zeroshot/convert.py"),
     "longctx": _MODEL_MODULES + ("evaluation/generation.py", "evaluation/longctx.py", "evaluation/longctx_suite.py",
                                  "evaluation/longbench.py"),
-    "search": _MODEL_MODULES + ("baselines/search.py",),
-    "hybrid-search": _MODEL_MODULES + ("baselines/search.py", "baselines/hybrid.py", "bench/cost_table.py"),
+    "search": _MODEL_MODULES + ("search/layer_search.py",),
+    "hybrid-search": _MODEL_MODULES + ("search/layer_search.py", "search/hybrid.py", "bench/cost_table.py"),
 }
 
 
@@ -47,8 +49,8 @@ def digest(obj: Any, n: int = 16) -> str:
 
 
 def code_version(kind: str = "perplexity") -> str:
-    """A hash of the source of the modules that decide the numbers of a result kind, plus torch and transformers
-    versions."""
+    """A hash of the code of the modules that decide the numbers of a result kind (their syntax trees without
+    docstrings, so an edited comment or docstring keeps every stored result), plus torch and transformers versions."""
     import transformers
 
     root = Path(__file__).resolve().parent
@@ -56,9 +58,20 @@ def code_version(kind: str = "perplexity") -> str:
     for rel in NUMERIC_MODULES[kind]:
         path = root / rel
         h.update(rel.encode())
-        h.update(path.read_bytes() if path.is_file() else b"-")
+        h.update(_code_tree(path.read_text()).encode() if path.is_file() else b"-")
     h.update(f"torch={torch.__version__};transformers={transformers.__version__}".encode())
     return h.hexdigest()[:16]
+
+
+def _code_tree(source: str) -> str:
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body and \
+                isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant) and \
+                isinstance(body[0].value.value, str):
+            node.body = body[1:] or [ast.Pass()]
+    return ast.dump(tree, include_attributes=False)
 
 
 # Config fields that say where a checkpoint was loaded from, not what it is: the same weights installed in two
@@ -77,6 +90,7 @@ def model_fingerprint(model: nn.Module, samples_per_tensor: int = 4096) -> str:
     and different for different weights (a change the sample misses would have to avoid every sampled element)."""
     h = hashlib.sha256()
     h.update(_canonical(_config_identity(model)))
+    h.update(str(getattr(getattr(model, "config", None), "_attn_implementation", None)).encode())
     for name, t in list(model.named_parameters()) + list(model.named_buffers()):
         if t.device.type == "meta":
             continue

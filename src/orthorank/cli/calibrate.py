@@ -10,10 +10,13 @@ from pathlib import Path
 
 import torch
 
-from orthorank.baselines.calibration import calibration_windows
-from orthorank.baselines.registry import get_search
+from orthorank.search.registry import get_search
 from orthorank.methods import METHODS, searched
-from orthorank.baselines.search import StackRunner
+from orthorank.search.layer_search import StackRunner
+from orthorank.cli.calibration_options import (
+    DEFAULT_CALIB_SAMPLES, DEFAULT_CALIB_SEQ_LEN, DEFAULT_SCREEN_FRACTION, calibration_samples, check_calibration_source,
+    match_rules, parse_sparsities, token_count,
+)
 from orthorank.cli.common import (
     add_model_args, add_selection_args, add_store_args, finite_float, load_from_args, positive_int,
     selection_from_args, store_from_args,
@@ -22,47 +25,9 @@ from orthorank.errors import UserError
 from orthorank.models.loading import check_context
 from orthorank.method.apply import restore_dense
 from orthorank.method.cost import Arch, compute_sparsity, ratio_to_match
-from orthorank.method.plan import DEFAULT_COST_SEQ_LEN, MATCH_RULES, Plan, check_sparsity, layers_for_sparsity
+from orthorank.method.plan import DEFAULT_COST_SEQ_LEN, Plan, layers_for_sparsity
 from orthorank.method.plan_store import plan_file_method, sparsity_label
 from orthorank.results import check_writable
-
-# Default calibration: chosen from the calibration-spread study (benchmarks/calibration_spread.py, docs/results.md).
-DEFAULT_CALIB_SAMPLES = 8
-DEFAULT_CALIB_SEQ_LEN = 256
-DEFAULT_SCREEN_FRACTION = 1.0  # exhaustive; screening (e.g. 0.25) pays off for larger calibration sets
-
-
-def parse_sparsities(text: str) -> list[float]:
-    try:
-        values = [float(p) for p in str(text).split(",") if p.strip()]
-    except ValueError:
-        raise UserError(f"--sparsity must be comma-separated numbers, got {text!r}") from None
-    if not values:
-        raise UserError("--sparsity is empty")
-    for v in values:
-        check_sparsity(v)
-    return sorted(set(values))
-
-
-def token_count(text: str) -> int:
-    """8K, 8k, 32768 -> tokens (K = 1024)."""
-    t = str(text).strip().lower()
-    try:
-        value = int(float(t[:-1]) * 1024) if t.endswith("k") else int(t)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a token count: {text!r} (e.g. 8K or 8192)") from None
-    if value < 2:
-        raise argparse.ArgumentTypeError(f"a calibration needs at least 2 tokens, got {text!r}")
-    return value
-
-
-def _match_rules(text: str) -> list[str]:
-    rules = [r.strip() for r in text.split(",") if r.strip()]
-    bad = [r for r in rules if r not in MATCH_RULES]
-    if bad or not rules:
-        raise argparse.ArgumentTypeError(f"--match takes {', '.join(MATCH_RULES)} (comma-separated), got {text!r}")
-    return list(dict.fromkeys(rules))
-
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("calibrate", help="search the layers for a method at a sparsity; write plan files",
@@ -89,7 +54,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="calibration size in tokens, e.g. 8K or 32768 (sets --calib-samples to this / --seq-len)")
     p.add_argument("--seq-len", type=positive_int, default=DEFAULT_CALIB_SEQ_LEN, help="calibration window length")
     p.add_argument("--batch-size", type=positive_int, default=1)
-    p.add_argument("--match", default="compute", type=_match_rules,
+    p.add_argument("--match", default="compute", type=match_rules,
                    help="OrthoRank plans for a sparsity: compute (default: the fewest selection layers that reach "
                         "pruning's compute sparsity at --cost-seq-len, with the keep ratio raised until the two are "
                         "equal), speed (the same layers, keep ratio set so the measured prefill speed-up equals "
@@ -111,25 +76,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     out.add_argument("--out-dir", help="folder for <method>-<sparsity>.json, one per sparsity")
     p.add_argument("--overwrite", action="store_true")
     p.set_defaults(func=run)
-
-
-def calibration_samples(args) -> int:
-    """--calib-tokens (a multiple of --seq-len) or --calib-samples."""
-    if args.calib_tokens is None:
-        return args.calib_samples
-    if args.calib_tokens % args.seq_len:
-        raise UserError(f"--calib-tokens {args.calib_tokens} is not a multiple of --seq-len {args.seq_len}")
-    return args.calib_tokens // args.seq_len
-
-
-def check_calibration_source(source: str, data_dir) -> None:
-    """A missing or unknown calibration source, found before the model is loaded."""
-    from orthorank.baselines.calibration import parse_mix
-    from orthorank.evaluation.data import load_calibration_part
-
-    for name in parse_mix(source) or [source]:
-        if name != "wikitext2-train":
-            load_calibration_part(name, data_dir)
 
 
 def run(args) -> int:
@@ -170,8 +116,8 @@ def run(args) -> int:
     check_calibration_source(args.calib_data, args.data_dir)
 
     from orthorank import distributed as dist
-    from orthorank.baselines.calibration import calibration_set
-    from orthorank.baselines.checkpoint import Checkpoint
+    from orthorank.search.calibration import calibration_set
+    from orthorank.search.checkpoint import Checkpoint
 
     dist.init(args.device)
     lm = load_from_args(args)

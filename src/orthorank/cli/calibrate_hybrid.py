@@ -1,5 +1,5 @@
 """`orthorank calibrate --method hybrid`: one greedy search over remove / select at a ratio / keep per layer, under
-a measured cost table, to one or more predicted speed-up targets (orthorank.baselines.hybrid)."""
+a measured cost table, to one or more predicted speed-up targets (orthorank.search.hybrid)."""
 
 from __future__ import annotations
 
@@ -32,11 +32,11 @@ def target_label(target: float) -> str:
 
 def run_hybrid(args) -> int:
     from orthorank import distributed as dist
-    from orthorank.baselines.calibration import calibration_set
-    from orthorank.baselines.hybrid import check_targets, hybrid_search
-    from orthorank.baselines.search import StackRunner
+    from orthorank.search.calibration import calibration_set
+    from orthorank.search.hybrid import check_targets, hybrid_search
+    from orthorank.search.layer_search import StackRunner
     from orthorank.bench.cost_table import CostTable, device_description, parse_ratios
-    from orthorank.cli.calibrate import parse_sparsities
+    from orthorank.cli.calibration_options import parse_sparsities
     from orthorank.cli.common import load_from_args, selection_from_args
     from orthorank.method.apply import restore_dense
     from orthorank.method.cost import Arch
@@ -83,7 +83,7 @@ def run_hybrid(args) -> int:
         check_writable(path, args.overwrite)
 
     dist.init(args.device)
-    from orthorank.cli.calibrate import calibration_samples, check_calibration_source
+    from orthorank.cli.calibration_options import calibration_samples, check_calibration_source
 
     samples = calibration_samples(args)
     check_calibration_source(args.calib_data, args.data_dir)
@@ -126,7 +126,7 @@ def run_hybrid(args) -> int:
             provenance={
                 "search": "hybrid",
                 "reference": "this project: greedy remove / select / keep per layer, lowest loss increase per unit "
-                             "of predicted time saved (orthorank.baselines.hybrid)",
+                             "of predicted time saved (orthorank.search.hybrid)",
                 "target_speedup": round(t, 6),
                 "predicted_speedup": round(table.predicted_speedup(actions), 6),
                 "level": ("the predicted speed-up of removing ceil(s L) layers" if levels[t] is not None
@@ -155,7 +155,7 @@ def run_hybrid(args) -> int:
               f"{plan.removed_layers}, selection {sel}; calibration loss {plan.provenance['loss']:.4f}",
               flush=True)
 
-    from orthorank.baselines.checkpoint import Checkpoint
+    from orthorank.search.checkpoint import Checkpoint
     from orthorank.cli.common import store_from_args
 
     settings = {"cost_table": table_digest, "targets": targets, "ratios": ratios, "candidates": candidates,

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from orthorank import distributed as dist
 from orthorank.methods import METHODS as _REGISTRY
-from orthorank.cli.calibrate import parse_sparsities
+from orthorank.cli.calibration_options import parse_sparsities
 from orthorank.cli.common import add_model_args, add_store_args, load_from_args, positive_int, store_from_args
 from orthorank.errors import UserError
 from orthorank.evaluation.compare import (
@@ -92,7 +92,7 @@ def calibration_overlap(tokenizer, rows: list[Row], windows: dict, data_dir) -> 
     """Checks every plan's calibration windows against every dataset's evaluation windows (evaluation/overlap.py):
     the windows are rebuilt from the plan's recorded calibration (source, size, seed), and a dataset window that
     shares more than MAX_SHARED of its 16-token runs with them stops the run before any evaluation."""
-    from orthorank.baselines.calibration import calibration_set
+    from orthorank.search.calibration import calibration_set
     from orthorank.evaluation.overlap import MAX_SHARED, shared_share
 
     built: dict[str, object] = {}

@@ -326,7 +326,7 @@ def is_capped(dataset: str) -> bool:
 
 def load_calibration_part(source: str = "c4", data_dir: str | Path | None = None) -> TextPart:
     """Calibration text disjoint from the evaluation text of the same domain: a domain's calibration part, the
-    WikiText-2 train split (hub only), or a user file (a mix is built from domains in baselines/calibration.py)."""
+    WikiText-2 train split (hub only), or a user file (a mix is built from domains in search/calibration.py)."""
     domain = DOMAINS.get(source)
     if domain is not None:
         root = find_data_dir(data_dir) if domain.needs_data_dir else None

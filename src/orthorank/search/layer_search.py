@@ -157,9 +157,9 @@ def greedy_search(
     screen_batches None (or all batches) every candidate sees every batch: exhaustive greedy.
     Under torchrun the candidates of a step are split across ranks; every rank ends with the same choice.
     With a `checkpoint`, each step is stored as it is chosen and the stored steps of an earlier run are replayed
-    first (baselines/checkpoint.py)."""
+    first (search/checkpoint.py)."""
     from orthorank import distributed as dist
-    from orthorank.baselines.checkpoint import Checkpoint, stored_steps
+    from orthorank.search.checkpoint import Checkpoint, stored_steps
 
     start_t = time.perf_counter()
     checkpoint = checkpoint or Checkpoint(None)
@@ -257,7 +257,7 @@ def one_shot_ppl(runner: StackRunner, candidates: list[int], progress: bool = Tr
     """Shortened LLaMA's PPL criterion: remove each layer alone; the least harmful come first. With a `checkpoint`,
     each layer's score is stored as it is known (entry layer + 1) and stored scores are not recomputed."""
     from orthorank import distributed as dist
-    from orthorank.baselines.checkpoint import Checkpoint
+    from orthorank.search.checkpoint import Checkpoint
 
     start_t = time.perf_counter()
     checkpoint = checkpoint or Checkpoint(None)

@@ -36,7 +36,7 @@ from typing import Callable
 
 from tqdm.auto import tqdm
 
-from orthorank.baselines.search import StackRunner
+from orthorank.search.layer_search import StackRunner
 from orthorank.bench.cost_table import CostTable, ratio_key
 from orthorank.errors import UserError
 from orthorank.method.plan import REMOVE
@@ -120,10 +120,10 @@ def hybrid_search(runner: StackRunner, table: CostTable, targets: list[float], r
                   on_reached: Callable[[float, HybridResult], None] | None = None,
                   checkpoint=None) -> HybridResult:
     """The greedy search above; `on_reached(target, result)` is called as each target is reached. With a
-    `checkpoint` (baselines/checkpoint.py) every step is stored as it is taken and the stored steps of an earlier,
+    `checkpoint` (search/checkpoint.py) every step is stored as it is taken and the stored steps of an earlier,
     interrupted run are replayed first (their targets reported again through `on_reached`)."""
     from orthorank import distributed as dist
-    from orthorank.baselines.checkpoint import Checkpoint, stored_steps
+    from orthorank.search.checkpoint import Checkpoint, stored_steps
 
     start_t = time.perf_counter()
     checkpoint = checkpoint or Checkpoint(None)

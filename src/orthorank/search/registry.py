@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from orthorank.baselines.search import SearchResult, StackRunner, block_influence, greedy_search, one_shot_ppl
+from orthorank.search.layer_search import SearchResult, StackRunner, block_influence, greedy_search, one_shot_ppl
 from orthorank.errors import UserError
 from orthorank.method.cost import Arch
 from orthorank.method.plan import DEFAULT_COST_SEQ_LEN, layers_for_sparsity

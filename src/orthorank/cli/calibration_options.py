@@ -1,0 +1,65 @@
+"""Options shared by the calibration commands (`calibrate` and its hybrid search): sparsity lists, token counts,
+match rules and the calibration source, each checked before a model is loaded."""
+
+from __future__ import annotations
+
+import argparse
+
+from orthorank.errors import UserError
+from orthorank.method.plan import MATCH_RULES, check_sparsity
+
+# Default calibration: chosen from the calibration-spread study (benchmarks/calibration_spread.py, docs/results.md).
+DEFAULT_CALIB_SAMPLES = 8
+DEFAULT_CALIB_SEQ_LEN = 256
+DEFAULT_SCREEN_FRACTION = 1.0  # exhaustive; screening (e.g. 0.25) pays off for larger calibration sets
+
+
+def parse_sparsities(text: str) -> list[float]:
+    try:
+        values = [float(p) for p in str(text).split(",") if p.strip()]
+    except ValueError:
+        raise UserError(f"--sparsity must be comma-separated numbers, got {text!r}") from None
+    if not values:
+        raise UserError("--sparsity is empty")
+    for v in values:
+        check_sparsity(v)
+    return sorted(set(values))
+
+
+def token_count(text: str) -> int:
+    """8K, 8k, 32768 -> tokens (K = 1024)."""
+    t = str(text).strip().lower()
+    try:
+        value = int(float(t[:-1]) * 1024) if t.endswith("k") else int(t)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a token count: {text!r} (e.g. 8K or 8192)") from None
+    if value < 2:
+        raise argparse.ArgumentTypeError(f"a calibration needs at least 2 tokens, got {text!r}")
+    return value
+
+
+def match_rules(text: str) -> list[str]:
+    rules = [r.strip() for r in text.split(",") if r.strip()]
+    bad = [r for r in rules if r not in MATCH_RULES]
+    if bad or not rules:
+        raise argparse.ArgumentTypeError(f"--match takes {', '.join(MATCH_RULES)} (comma-separated), got {text!r}")
+    return list(dict.fromkeys(rules))
+
+
+def calibration_samples(args) -> int:
+    """--calib-tokens (a multiple of --seq-len) or --calib-samples."""
+    if args.calib_tokens is None:
+        return args.calib_samples
+    if args.calib_tokens % args.seq_len:
+        raise UserError(f"--calib-tokens {args.calib_tokens} is not a multiple of --seq-len {args.seq_len}")
+    return args.calib_tokens // args.seq_len
+
+
+def check_calibration_source(source: str, data_dir) -> None:
+    """A missing or unknown calibration source, found before the model is loaded."""
+    from orthorank.search.calibration import parse_mix
+    from orthorank.evaluation.data import load_calibration_part
+
+    for name in parse_mix(source) or [source]:
+        if name != "wikitext2-train":
+            load_calibration_part(name, data_dir)
