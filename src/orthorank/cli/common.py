@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 from pathlib import Path
 
 import torch
@@ -38,7 +39,8 @@ def positive_int(text: str) -> int:
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=EMBEDDED_MODEL,
-                   help=f"{EMBEDDED_MODEL} (embedded default), a local HF folder, a hub id, or a shape name")
+                   help=f"{EMBEDDED_MODEL} (embedded default), gemma3-270m, a .gguf file, an installed model package, "
+                        "a local HF folder, a hub id, or a random-weight shape name")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     p.add_argument("--dtype", default="auto", help="auto (float32 on CPU, bfloat16 on GPU), float32, bfloat16")
     p.add_argument("--seed", type=int, default=0)
@@ -111,9 +113,11 @@ def setup_torch(args) -> None:
 
 def load_from_args(args) -> LoadedModel:
     setup_torch(args)
-    return load_model(args.model, device=args.device, dtype=args.dtype, seed=args.seed,
-                      num_layers=getattr(args, "num_layers", None), max_memory=getattr(args, "max_memory", None),
-                      offload_dir=getattr(args, "offload_dir", None))
+    lm = load_model(args.model, device=args.device, dtype=args.dtype, seed=args.seed,
+                    num_layers=getattr(args, "num_layers", None), max_memory=getattr(args, "max_memory", None),
+                    offload_dir=getattr(args, "offload_dir", None))
+    print(lm.description(), file=sys.stderr, flush=True)
+    return lm
 
 
 def plan_from_args(args, lm: LoadedModel) -> Plan:
@@ -143,7 +147,23 @@ def plan_from_args(args, lm: LoadedModel) -> Plan:
 
 def expected_model_name(spec: str) -> str:
     """The name load_model will give `spec` (what plans record), known before loading it."""
-    return Path(spec).resolve().name if spec != EMBEDDED_MODEL and Path(spec).is_dir() else spec
+    from orthorank.models.catalog import SHIPPED, shipped_by_package
+
+    if spec in SHIPPED:
+        return spec
+    if spec.lower().endswith(".gguf"):
+        shipped = next((m for m in SHIPPED.values() if m.filename == Path(spec).name), None)
+        return shipped.name if shipped else Path(spec).stem
+    by_package = shipped_by_package(spec)
+    if by_package is not None:
+        return by_package.name
+    if Path(spec).is_dir():
+        return Path(spec).resolve().name
+    from orthorank.models.loading import SHAPES, resolve_source
+
+    if spec in SHAPES or "/" in spec:
+        return spec
+    return resolve_source(spec).name  # an installed package: its normalized name
 
 
 def saved_plan_path(args) -> Path | None:

