@@ -67,11 +67,11 @@ def model():
 def tiny_hf_folder(tmp_path_factory):
     """A local Hugging Face folder: a tiny random Llama with the embedded model's real tokenizer, so CLI paths
     run end to end in seconds."""
+    from orthorank.models.gguf import converted_folder
     from orthorank.models.loading import embedded_gguf_path
     from transformers import AutoTokenizer
 
-    gguf = embedded_gguf_path()
-    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    tok = AutoTokenizer.from_pretrained(str(converted_folder(embedded_gguf_path())))
     folder = tmp_path_factory.mktemp("tiny-llama")
     m = tiny_model(layers=4, vocab_size=len(tok), pad_token_id=tok.eos_token_id)
     m.save_pretrained(folder)

@@ -19,6 +19,7 @@ COMMAND_MODULES = [
     "orthorank.cli.zeroshot",
     "orthorank.cli.generate",
     "orthorank.cli.longctx",
+    "orthorank.cli.study",
 ]
 
 

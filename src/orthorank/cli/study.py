@@ -1,0 +1,126 @@
+"""`orthorank study`: the paper's whole study for one model, and `--summary` across studies."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from orthorank.cli.common import add_model_args, expected_model_name
+from orthorank.errors import UserError
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    from orthorank.study.budgets import BUDGETS
+    from orthorank.study.stages import stage_names
+
+    p = sub.add_parser("study", help="the paper's whole study for one model: one folder, one report",
+                       description="Sink analysis, plans of every method at 10%% and 20%%, perplexity on every "
+                                   "domain with the ablations, zero-shot, long inputs, speed and (standard, full) the "
+                                   "hybrid frontier, each by the command that does it; then DIR/report.html with the "
+                                   "paper's claims tested. Resumable: run it again to go on. With --summary: one "
+                                   "claims x models table from several study folders.")
+    add_model_args(p)
+    p.add_argument("--out", required=True, help="the study folder (with --summary: the summary's folder)")
+    p.add_argument("--budget", default="quick", choices=list(BUDGETS),
+                   help="quick (a first run: minutes), standard (what the README reports), full (hours per model)")
+    p.add_argument("--stages", default=None, help=f"comma-separated subset of {', '.join(stage_names())}")
+    p.add_argument("--data-dir", default=None)
+    p.add_argument("--store", default=None, help="result store (default: DIR/store)")
+    p.add_argument("--plans-root", default=".", help="plans are kept in PLANS_ROOT/plans/<model>/ (default: here)")
+    p.add_argument("--summary", nargs="+", default=None, metavar="DIR", help="study folders to summarize")
+    p.set_defaults(func=run)
+
+
+def run_command(argv: list[str]) -> int:
+    """One command in this process, without main()'s shutdown of the process group between stages."""
+    from orthorank.cli.main import build_parser
+
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except UserError as exc:
+        print(f"orthorank {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def run(args) -> int:
+    from orthorank import distributed as dist
+    from orthorank.study.report import write_summary
+
+    if args.summary:
+        path = write_summary([Path(d) for d in args.summary], Path(args.out))
+        print(Path(args.out) / "summary.md")
+        print(path)
+        return 0
+    from orthorank.study.budgets import get_budget
+    from orthorank.study.stages import STAGES, StudyContext, run_stage, stage_names
+
+    budget = get_budget(args.budget)
+    wanted = stage_names() if args.stages is None else [s.strip() for s in args.stages.split(",") if s.strip()]
+    unknown = [s for s in wanted if s not in stage_names()]
+    if unknown:
+        raise UserError(f"unknown stage {', '.join(unknown)}; choose from {', '.join(stage_names())}")
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out} is a file, not a folder")
+    budget_file = out / "budget.txt"
+    if budget_file.is_file() and budget_file.read_text().strip() != budget.name:
+        raise UserError(f"{out} holds a study at budget {budget_file.read_text().strip()!r}; use another --out for "
+                        f"budget {budget.name!r}")
+    common = ["--model", args.model, "--dtype", args.dtype, "--seed", str(args.seed)]
+    for flag, value in (("--device", args.device), ("--threads", args.threads), ("--max-memory", args.max_memory),
+                        ("--offload-dir", args.offload_dir)):
+        if value is not None:
+            common += [flag, str(value)]
+    data = ["--data-dir", args.data_dir] if args.data_dir else []
+    ctx = StudyContext(args.model, expected_model_name(args.model), out, budget, common + data,
+                       args.store or str(out / "store"), Path(args.plans_root) / "plans")
+    started = time.time()
+    if dist.is_main():
+        from orthorank.results import atomic_write_text
+
+        atomic_write_text(budget_file, budget.name + "\n")
+    seconds = {}
+    for stage in STAGES:
+        if stage.name not in wanted:
+            continue
+        if not stage.applies(budget):
+            ctx.log(f"study: {stage.name}: not part of budget {budget.name}")
+            continue
+        ctx.common = common if stage.name == "speed" else common + data  # bench reads no data
+        took = run_stage(ctx, stage, run_command)
+        if took is not None:
+            seconds[stage.name] = round(took, 1)
+    if dist.is_main():
+        _report(args, ctx, seconds, time.time() - started)
+    return 0
+
+
+def _report(args, ctx, seconds: dict[str, float], total: float) -> None:
+    import json
+
+    from orthorank.cli.common import load_from_args
+    from orthorank.results import environment
+    from orthorank.study.claims import study_claims, tally
+    from orthorank.study.report import claims_markdown, write_study_report
+    from orthorank.study.stages import STAGES
+
+    lm = load_from_args(args)
+    claims = [c.to_json() for c in study_claims(ctx.out, ctx.budget)]
+    timing_file = ctx.out / "stage-seconds.json"
+    earlier = json.loads(timing_file.read_text()) if timing_file.is_file() else {}
+    all_seconds = {**earlier, **seconds}
+    from orthorank.results import atomic_write_text
+
+    atomic_write_text(timing_file, json.dumps(all_seconds, indent=1) + "\n")
+    finished = [s.name for s in STAGES if s.output(ctx).is_file()]
+    study = {"model": ctx.model_name, "spec": ctx.model, "loaded": lm.description(), "budget": ctx.budget.to_json(),
+             "budget_caption": ctx.budget.caption(), "finished": finished,
+             "skipped": [s.name for s in STAGES if s.name not in finished], "claims": claims, "tally": tally(claims),
+             "stage_seconds": all_seconds, "seconds_this_run": round(total, 1), "plans_dir": str(ctx.plans_dir),
+             "environment": environment(lm.device)}
+    page = write_study_report(ctx.out, study)
+    print(claims_markdown(claims))
+    print(f"\n{page}  ({total:.0f} s this run)")

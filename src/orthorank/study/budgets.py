@@ -1,0 +1,54 @@
+"""What a study measures at each budget: window, item and sample counts, printed in every caption.
+
+quick is a newcomer's first run (the embedded model on 2 cores within 15 minutes, with its committed plans);
+standard is what the README reports; full is the paper's protocol where this machine allows it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from orthorank.errors import UserError
+
+
+@dataclass(frozen=True)
+class Budget:
+    name: str
+    levels: tuple[float, ...]  # sparsities of every plan and perplexity row
+    claim_levels: tuple[float, ...]  # sparsities of zero-shot, long-context and speed rows
+    ppl_windows: int  # first windows of each domain
+    ppl_seq_len: int
+    zeroshot_limit: int  # first items of each task
+    longctx_lengths: str
+    longctx_samples: int  # per task and length
+    speed_repeats: int  # interleaved prefill timings
+    speed_seq_len: int
+    sink_samples: int
+    hybrid: bool  # the hybrid frontier: a cost table of this machine, a hybrid search, its perplexity
+    calibration: tuple[str, ...] = ()  # extra `calibrate` flags for plans searched here (default: its defaults)
+
+    def caption(self) -> str:
+        return (f"budget {self.name}: perplexity on the first {self.ppl_windows} windows of {self.ppl_seq_len} tokens "
+                f"per domain, zero-shot on the first {self.zeroshot_limit} items per task, long inputs "
+                f"{self.longctx_samples} samples per task at {self.longctx_lengths} tokens, prefill speed "
+                f"{self.speed_repeats} interleaved repeats at {self.speed_seq_len} tokens")
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+BUDGETS: dict[str, Budget] = {
+    "quick": Budget("quick", (0.1, 0.2), (0.2,), 4, 256, 20, "512", 4, 3, 512, 2, False),
+    "standard": Budget("standard", (0.1, 0.2), (0.2,), 32, 512, 200, "1k,2k", 20, 7, 1024, 4, True),
+    "full": Budget("full", (0.1, 0.2), (0.1, 0.2), 128, 2048, 1000, "1k,2k,4k", 50, 9, 2048, 8, True),
+    # for tests and a smoke run of a new setup: every stage, seconds on a tiny model
+    "test": Budget("test", (0.1, 0.2), (0.2,), 2, 64, 4, "512", 2, 2, 64, 1, False,
+                   ("--calib-samples", "2", "--seq-len", "64", "--measure-speed", "0")),
+}
+
+
+def get_budget(name: str) -> Budget:
+    if name not in BUDGETS:
+        raise UserError(f"unknown budget {name!r}; choose one of {', '.join(BUDGETS)}")
+    return BUDGETS[name]

@@ -1,0 +1,176 @@
+"""The paper's claims, each with its paired interval and a verdict computed from that interval (never written by
+hand).
+
+Directional claims ("OrthoRank's perplexity is below SLEB's"): supported when the whole 95% interval is on the
+claimed side, contradicted when it is wholly on the other side, no difference when it holds the null value.
+The speed claim is an equivalence claim ("comparable throughput"): supported when the interval of the throughput
+ratio lies inside [1 - SPEED_MARGIN, 1 + SPEED_MARGIN], contradicted when it lies wholly outside it, inconclusive
+when it crosses an edge.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from orthorank.evaluation.stats import paired_difference, resample_indices
+
+SUPPORTED, CONTRADICTED, NO_DIFFERENCE, INCONCLUSIVE = "supported", "contradicted", "no difference", "inconclusive"
+SPEED_MARGIN = 0.10  # "comparable": within 10% of layer pruning's prefill throughput
+BASELINES = ("sleb", "shortgpt", "shortened-ppl")
+# ablation row -> the claim that OrthoRank beats it (the paper's Table 6 questions)
+ABLATION_CLAIMS = {"random": "orthogonal selection beats random selection",
+                   "inverse": "orthogonal selection beats inverse (most aligned) selection",
+                   "raw": "scoring normalized states beats scoring raw states",
+                   "no-kv": "bypassed tokens' K/V are needed (without them perplexity rises)"}
+
+
+@dataclass
+class Claim:
+    group: str  # perplexity, zero-shot, long inputs, ablation, speed
+    claim: str  # in words, as the paper states it
+    setting: str  # level, domain or task, what is compared
+    measure: str  # e.g. "perplexity ratio orthorank / sleb"
+    value: float
+    low: float
+    high: float
+    null: float  # the value of "no difference"
+    better: str  # lower, higher, or equivalent
+    verdict: str
+    n: str  # what the interval is over, e.g. "32 windows"
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def verdict(low: float, high: float, better: str, null: float) -> str:
+    if better == "equivalent":
+        lo, hi = null * (1 - SPEED_MARGIN), null * (1 + SPEED_MARGIN)
+        if lo <= low and high <= hi:
+            return SUPPORTED
+        if high < lo or low > hi:
+            return CONTRADICTED
+        return INCONCLUSIVE
+    if low <= null <= high:
+        return NO_DIFFERENCE
+    claimed_side = high < null if better == "lower" else low > null
+    return SUPPORTED if claimed_side else CONTRADICTED
+
+
+def _claim(group, claim, setting, measure, value, low, high, null, better, n) -> Claim:
+    low, high = round(float(low), 4), round(float(high), 4)  # judged on the figures the reader sees
+    return Claim(group, claim, setting, measure, round(float(value), 4), low, high, null, better,
+                 verdict(low, high, better, null), n)
+
+
+def _load(path: Path) -> dict[str, Any] | None:
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def perplexity_claims(data: dict[str, Any], levels: tuple[float, ...]) -> list[Claim]:
+    out = []
+    windows = data.get("windows")
+    per = windows if isinstance(windows, dict) else {}
+    for c in data.get("comparisons", []):
+        if c["a_level"] not in levels or c["a_level"] != c["b_level"]:
+            continue
+        lo, hi = c["ci95"]
+        if c["a"] == "orthorank" and c["b"] in BASELINES:
+            n = f"{per.get(c['dataset'], windows)} windows of {data['seq_len']} tokens"
+            out.append(_claim("perplexity", f"OrthoRank's perplexity is below {c['b']}'s",
+                              f"{c['a_level']:g} on {c['dataset']}", f"perplexity ratio orthorank / {c['b']}",
+                              c["ratio"], lo, hi, 1.0, "lower", n))
+        ablation = c["a"][len("orthorank ("):-1] if c["a"].startswith("orthorank (") and c["b"] == "orthorank" else None
+        if ablation in ABLATION_CLAIMS:  # a = ablated, b = the method: ratio above 1 = the method is better
+            n = f"{per.get(c['dataset'], windows)} windows of {data['seq_len']} tokens"
+            out.append(_claim("ablation", ABLATION_CLAIMS[ablation], f"{c['a_level']:g} on {c['dataset']}",
+                              f"perplexity ratio orthorank / orthorank ({ablation})", 1 / c["ratio"], 1 / hi, 1 / lo,
+                              1.0, "lower", n))
+    return out
+
+
+def zeroshot_claims(data: dict[str, Any]) -> list[Claim]:
+    z = data.get("zeroshot") or {}
+    out = []
+    for c in z.get("comparisons", []):
+        if c["a"] != "orthorank" or c["b"] not in BASELINES:
+            continue
+        m = c["mean"]
+        out.append(_claim("zero-shot", f"OrthoRank's zero-shot accuracy is above {c['b']}'s",
+                          f"{c['level']:g}, mean of {len(z.get('items', {}))} tasks",
+                          f"accuracy difference orthorank - {c['b']} ({c.get('metric', 'acc')}, points)",
+                          100 * m["value"], 100 * m["low"], 100 * m["high"], 0.0, "higher",
+                          f"the first {z.get('limit')} items per task"))
+    return out
+
+
+def longctx_claims(data: dict[str, Any], level: float) -> list[Claim]:
+    items = data.get("items") or {}
+    out = []
+    base = next((name for name in items if name.startswith("sleb")), None)
+    for name in items:
+        if not name.startswith("orthorank") or base is None:
+            continue
+        keys = sorted(set(items[name]) & set(items[base]))
+        if not keys:
+            continue
+        d = paired_difference([100 * items[name][k]["score"] for k in keys], [100 * items[base][k]["score"] for k in keys])
+        out.append(_claim("long inputs", "OrthoRank scores higher than SLEB on long inputs", f"{level:g}, {name}",
+                          "score difference orthorank - sleb (points)", d.value, d.low, d.high, 0.0, "higher",
+                          f"{len(keys)} items"))
+    return out
+
+
+def speed_claims(data: dict[str, Any], level: float, iters: int = 2000) -> list[Claim]:
+    """Prefill throughput of OrthoRank over SLEB's from the same interleaved repeats (ratio of times per repeat,
+    bootstrap over repeats)."""
+    out = []
+    for run in data.get("runs", []):
+        if run.get("mode") != "prefill":
+            continue
+        by = {m["method"]: m for m in run["methods"]}
+        if "orthorank" not in by or "sleb" not in by:
+            continue
+        t_o = np.asarray(by["orthorank"]["timing"]["times_s"])
+        t_s = np.asarray(by["sleb"]["timing"]["times_s"])
+        k = min(t_o.size, t_s.size)
+        ratio = t_s[:k] / t_o[:k]  # above 1: OrthoRank is faster
+        draws = np.median(ratio[resample_indices(k, iters, 0)], axis=1)
+        lo, hi = np.percentile(draws, [2.5, 97.5])
+        out.append(_claim("speed", "OrthoRank's prefill throughput is comparable to SLEB's (within 10%)",
+                          f"{level:g}, batch {run['batch']} x {run['seq_len']} tokens",
+                          "throughput ratio orthorank / sleb (median of paired repeats)", float(np.median(ratio)), lo,
+                          hi, 1.0, "equivalent", f"{k} interleaved repeats"))
+    return out
+
+
+def study_claims(out: Path, budget) -> list[Claim]:
+    """Every claim the study's finished stages can speak to."""
+    from orthorank.method.plan_store import sparsity_label
+
+    claims: list[Claim] = []
+    ppl = _load(out / "perplexity" / "compare.json")
+    if ppl:
+        claims += perplexity_claims(ppl, budget.levels)
+    zs = _load(out / "zeroshot" / "compare.json")
+    if zs:
+        claims += zeroshot_claims(zs)
+    for level in budget.claim_levels:
+        lc = _load(out / f"longctx-{sparsity_label(level)}" / "longctx.json")
+        if lc:
+            claims += longctx_claims(lc, level)
+        sp = _load(out / "speed" / f"bench-{sparsity_label(level)}.json")
+        if sp:
+            claims += speed_claims(sp, level)
+    return claims
+
+
+def tally(claims: list[dict[str, Any]]) -> dict[str, int]:
+    out = {SUPPORTED: 0, CONTRADICTED: 0, NO_DIFFERENCE: 0, INCONCLUSIVE: 0}
+    for c in claims:
+        out[c["verdict"]] += 1
+    return out

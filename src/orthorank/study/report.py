@@ -1,0 +1,206 @@
+"""One self-contained page per study (DIR/report.html, with DIR/study.json holding everything it shows), and one
+summary across studies (claims x models).
+
+The page has no scripts and no external references: figures are inlined PNGs, tables are the commands' own Markdown
+tables turned into HTML, so it opens offline in any browser.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from orthorank.errors import UserError
+from orthorank.results import atomic_write_text
+from orthorank.study.claims import CONTRADICTED, INCONCLUSIVE, NO_DIFFERENCE, SUPPORTED
+
+_COLORS = {SUPPORTED: "#d9f2d9", CONTRADICTED: "#f9d6d5", NO_DIFFERENCE: "#eeeeee", INCONCLUSIVE: "#fff3cd"}
+_STYLE = """body{font-family:system-ui,sans-serif;margin:1.5em auto;max-width:1200px;color:#222;padding:0 1em}
+table{border-collapse:collapse;margin:.6em 0;font-size:13px}td,th{border:1px solid #ccc;padding:3px 7px;text-align:left}
+th{background:#f4f4f4}h1{font-size:1.5em}h2{font-size:1.2em;margin-top:1.6em}h3{font-size:1em}
+.caption{color:#555;font-size:13px;max-width:1100px}img{max-width:100%;border:1px solid #eee}
+.verdict{font-weight:600}code{background:#f4f4f4;padding:0 3px}"""
+
+# stage folder -> (section title, markdown files, figures)
+SECTIONS = [
+    ("perplexity", "Perplexity on every domain", ["compare.md"], ["compare.png"]),
+    ("zeroshot", "Zero-shot accuracy", ["compare.md"], []),
+    ("longctx-*", "Long inputs (offline suite)", ["longctx.md"], ["longctx.png"]),
+    ("speed", "Prefill and decode speed", ["*.md"], []),
+    ("hybrid", "Hybrid frontier", ["compare.md"], ["compare.png"]),
+    ("sink", "Attention-sink analysis", [], ["*.png"]),
+]
+
+
+def _inline(text: str) -> str:
+    text = html.escape(text)
+    text = re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", text)
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", text)
+
+
+def markdown_to_html(md: str) -> str:
+    """The Markdown the commands write: headings, pipe tables, paragraphs."""
+    out, table, para = [], [], []
+
+    def flush():
+        if para:
+            out.append(f"<p class='caption'>{_inline(' '.join(para))}</p>")
+            para.clear()
+        if table:
+            rows = [r for r in table if not re.fullmatch(r"\|?(\s*:?-+:?\s*\|)+\s*:?-*:?\s*", r)]
+            cells = [[c.strip() for c in r.strip().strip("|").split("|")] for r in rows]
+            head, body = cells[0], cells[1:]
+            out.append("<table><tr>" + "".join(f"<th>{_inline(c)}</th>" for c in head) + "</tr>"
+                       + "".join("<tr>" + "".join(f"<td>{_inline(c)}</td>" for c in r) + "</tr>" for r in body)
+                       + "</table>")
+            table.clear()
+
+    for line in md.splitlines():
+        if line.startswith("|"):
+            if para:
+                flush()
+            table.append(line)
+            continue
+        if table:
+            flush()
+        m = re.match(r"(#+)\s+(.*)", line)
+        if m:
+            flush()
+            level = min(len(m.group(1)) + 2, 4)
+            out.append(f"<h{level}>{_inline(m.group(2))}</h{level}>")
+        elif not line.strip():
+            flush()
+        else:
+            para.append(line.strip())
+    flush()
+    return "\n".join(out)
+
+
+def _img(path: Path, figure: str) -> str:
+    data = base64.b64encode(path.read_bytes()).decode()
+    name = html.escape(figure, quote=True)
+    return f'<p><img data-figure="{name}" src="data:image/png;base64,{data}" alt="{name}"></p>'
+
+
+def _fmt_claim(c: dict[str, Any]) -> str:
+    return f"{c['value']:.3f} [{c['low']:.3f}, {c['high']:.3f}]"
+
+
+def claims_table(claims: list[dict[str, Any]]) -> str:
+    rows = "".join(
+        f"<tr><td>{html.escape(c['group'])}</td><td>{html.escape(c['claim'])}</td><td>{html.escape(c['setting'])}</td>"
+        f"<td>{html.escape(c['measure'])}</td><td>{_fmt_claim(c)}</td><td>{html.escape(c['n'])}</td>"
+        f"<td class='verdict' style='background:{_COLORS[c['verdict']]}'>{c['verdict']}</td></tr>" for c in claims)
+    return ("<table id='claims'><tr><th>group</th><th>claim</th><th>setting</th><th>measure</th>"
+            "<th>value [95% CI]</th><th>over</th><th>verdict</th></tr>" + rows + "</table>")
+
+
+def claims_markdown(claims: list[dict[str, Any]]) -> str:
+    lines = ["| group | claim | setting | measure | value [95% CI] | over | verdict |", "|---|---|---|---|---|---|---|"]
+    lines += [f"| {c['group']} | {c['claim']} | {c['setting']} | {c['measure']} | {_fmt_claim(c)} | {c['n']} | "
+              f"{c['verdict']} |" for c in claims]
+    return "\n".join(lines)
+
+
+def _headline(claims: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The one-screen table: per group and compared method, the worst case over domains (directional claims:
+    the least favourable interval), so a reader sees where each claim holds and where it fails."""
+    keyed: dict[tuple[str, str], dict[str, Any]] = {}
+    order = {CONTRADICTED: 0, NO_DIFFERENCE: 1, INCONCLUSIVE: 1, SUPPORTED: 2}
+    for c in claims:
+        level = c["setting"].split(" ")[0].rstrip(",")
+        key = (c["claim"], level)
+        cur = keyed.get(key)
+        worse = cur is None or order[c["verdict"]] < order[cur["verdict"]] or (
+            order[c["verdict"]] == order[cur["verdict"]] and (
+                c["value"] > cur["value"] if c["better"] == "lower" else c["value"] < cur["value"]))
+        if worse:
+            keyed[key] = c
+    return list(keyed.values())
+
+
+def write_study_report(out: Path, study: dict[str, Any]) -> Path:
+    """DIR/study.json and DIR/report.html from the finished stages."""
+    claims = study["claims"]
+    atomic_write_text(out / "study.json", json.dumps(study, indent=1, default=str) + "\n")
+    parts = [f"<h1>OrthoRank study: {html.escape(study['model'])}</h1>",
+             f"<p class='caption'>{html.escape(study['loaded'])}<br>{html.escape(study['budget_caption'])}. "
+             f"Stages finished: {html.escape(', '.join(study['finished']) or 'none')}"
+             + (f"; not run: {html.escape(', '.join(study['skipped']))}" if study["skipped"] else "")
+             + f". Git commit {html.escape(str(study['environment'].get('git_commit')))}.</p>",
+             "<h2>Claims of the paper, tested</h2>",
+             "<p class='caption'>Each claim at its least favourable domain or task (all rows below). Verdicts come "
+             "from the 95% paired intervals: supported = the interval is wholly on the claimed side, contradicted = "
+             "wholly on the other side, no difference = it holds the null value; speed is an equivalence claim "
+             "(supported inside +-10%, contradicted wholly outside, inconclusive across an edge). These are "
+             f"measured on slices ({html.escape(study['budget_caption'])}).</p>",
+             claims_table(_headline(claims)),
+             "<details><summary>Every claim row</summary>" + claims_table(claims) + "</details>"]
+    for folder, title, mds, figs in SECTIONS:
+        dirs = sorted(out.glob(folder)) if "*" in folder else [out / folder]
+        for d in dirs:
+            if not d.is_dir():
+                continue
+            parts.append(f"<h2>{html.escape(title)}{' (' + d.name + ')' if '*' in folder else ''}</h2>")
+            for pattern in mds:
+                for md in sorted(d.glob(pattern)):
+                    parts.append(markdown_to_html(md.read_text()))
+            for pattern in figs:
+                for png in sorted(d.glob(pattern)):
+                    parts.append(_img(png, f"{d.name}/{png.name}"))
+    if study.get("stage_seconds"):
+        parts.append("<h2>Time per stage (this run)</h2>" + markdown_to_html(
+            "| stage | seconds |\n|---|---|\n" + "\n".join(f"| {k} | {v:.0f} |" for k, v in
+                                                   study["stage_seconds"].items())))
+    page = ("<!doctype html><html><head><meta charset='utf-8'><title>OrthoRank study: "
+            f"{html.escape(study['model'])}</title><style>{_STYLE}</style></head><body>" + "\n".join(parts)
+            + "</body></html>\n")
+    return atomic_write_text(out / "report.html", page)
+
+
+def write_summary(dirs: list[Path], out: Path) -> Path:
+    """Claims x models: one Markdown table, one page, one JSON, from the studies' study.json files."""
+    studies = []
+    for d in dirs:
+        path = Path(d) / "study.json"
+        if not path.is_file():
+            raise UserError(f"{d} holds no study.json; run `orthorank study --out {d}` first")
+        studies.append(json.loads(path.read_text()))
+    models = [s["model"] for s in studies]
+    if len(set(models)) < len(models):
+        raise UserError(f"two studies of the same model in --summary: {', '.join(models)}")
+    keys: list[tuple[str, str]] = []
+    cells: dict[tuple[str, str], dict[str, dict]] = {}
+    for s in studies:
+        for c in _headline(s["claims"]):
+            key = (c["claim"], c["setting"].split(" ")[0].rstrip(","))
+            if key not in cells:
+                keys.append(key)
+                cells[key] = {}
+            cells[key][s["model"]] = c
+    head = "| claim | level | " + " | ".join(models) + " |"
+    lines = [f"Claims x models: each cell is the claim's least favourable domain or task for that model, its "
+             f"95% paired interval and the verdict computed from it. Budgets: "
+             + "; ".join(f"{s['model']}: {s['budget_caption']}" for s in studies), "", head,
+             "|---|---|" + "---|" * len(models)]
+    for key in keys:
+        row = []
+        for m in models:
+            c = cells[key].get(m)
+            row.append(f"{_fmt_claim(c)} {c['setting'].split(' ', 1)[1] if ' ' in c['setting'] else ''} "
+                       f"**{c['verdict']}**" if c else "-")
+        lines.append(f"| {key[0]} | {key[1]} | " + " | ".join(row) + " |")
+    md = "\n".join(lines) + "\n"
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / "summary.md", md)
+    atomic_write_text(out / "summary.json", json.dumps({
+        "models": models, "studies": [str(d) for d in dirs],
+        "cells": [{"claim": k[0], "level": k[1], "by_model": cells[k]} for k in keys]}, indent=1) + "\n")
+    page = ("<!doctype html><html><head><meta charset='utf-8'><title>OrthoRank: claims across models</title>"
+            f"<style>{_STYLE}</style></head><body><h1>OrthoRank: claims across models</h1>"
+            + markdown_to_html(md) + "</body></html>\n")
+    return atomic_write_text(out / "summary.html", page)

@@ -1,0 +1,187 @@
+"""The study's stages, each one call of an existing command (nothing re-implemented).
+
+A stage is finished when its output JSON exists; a stage that was killed runs again and its command resumes from
+the result store (searches from their checkpoints, evaluations from their stored windows and items). Under torchrun
+every process runs the same stages and the commands shard their work as they do alone.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from orthorank.errors import UserError
+from orthorank.method.plan_store import PLANS_DIR, plan_relpath, sparsity_label
+from orthorank.study.budgets import Budget
+
+SEARCHED = ("sleb", "shortgpt", "shortened-ppl", "orthorank")  # every method's plan, at every budget level
+DOMAINS = ("wikitext2", "c4", "code", "news")
+ZEROSHOT_TASKS = ("piqa", "winogrande", "hellaswag", "arc_easy", "arc_challenge")
+
+
+@dataclass
+class StudyContext:
+    model: str  # as the user gave it
+    model_name: str  # what plans record
+    out: Path
+    budget: Budget
+    common: list[str]  # --model/--dtype/--device/--threads/--data-dir for every command
+    store: str | None
+    plans_root: Path  # plans/<model-name>/ lives under it
+    log: Callable[[str], None] = field(default=lambda m: print(m, file=sys.stderr, flush=True))
+
+    @property
+    def plans_dir(self) -> Path:
+        return self.plans_root / plan_relpath(self.model_name, "x", 0.1).parent.relative_to(PLANS_DIR)
+
+    def store_args(self) -> list[str]:
+        return ["--store", self.store] if self.store else ["--no-store"]
+
+    def levels(self, levels: tuple[float, ...]) -> str:
+        return ",".join(sparsity_label(s) for s in levels)
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    what: str  # one line for the log and the report
+    output: Callable[[StudyContext], Path]  # the JSON that marks it finished
+    argv: Callable[[StudyContext], list[list[str]]]  # the commands it runs, in order
+    applies: Callable[[Budget], bool] = lambda b: True
+
+
+def _missing_plans(ctx: StudyContext, method: str) -> list[float]:
+    return [s for s in ctx.budget.levels if not (ctx.plans_dir / f"{method}-{sparsity_label(s)}.json").is_file()]
+
+
+def _plans_argv(ctx: StudyContext) -> list[list[str]]:
+    cmds = []
+    for method in SEARCHED:
+        missing = _missing_plans(ctx, method)
+        if missing:
+            cmds.append(["calibrate", *ctx.common, "--method", method, "--sparsity", ctx.levels(tuple(missing)),
+                         *ctx.budget.calibration, "--out-dir", str(ctx.plans_dir), *ctx.store_args()])
+    return cmds
+
+
+def _plans_output(ctx: StudyContext) -> Path:
+    return ctx.out / "plans" / "plans.json"
+
+
+def _ppl_argv(ctx: StudyContext) -> list[list[str]]:
+    b = ctx.budget
+    return [["compare", *ctx.common, "--methods", "dense," + ",".join(SEARCHED), "--sparsity", ctx.levels(b.levels),
+             "--datasets", ",".join(DOMAINS), "--seq-len", str(b.ppl_seq_len), "--max-windows", str(b.ppl_windows),
+             "--ablations", "--ablation-levels", ctx.levels(b.claim_levels), "--plans-dir", str(ctx.plans_dir),
+             *ctx.store_args(), "--out", str(ctx.out / "perplexity"), "--overwrite"]]
+
+
+def _zeroshot_argv(ctx: StudyContext) -> list[list[str]]:
+    b = ctx.budget
+    return [["compare", *ctx.common, "--methods", "dense," + ",".join(SEARCHED), "--sparsity",
+             ctx.levels(b.claim_levels), "--no-ppl", "--seq-len", str(b.ppl_seq_len), "--zeroshot", "--tasks", ",".join(ZEROSHOT_TASKS), "--limit",
+             str(b.zeroshot_limit), "--plans-dir", str(ctx.plans_dir), *ctx.store_args(),
+             "--out", str(ctx.out / "zeroshot"), "--overwrite"]]
+
+
+def _longctx_argv(ctx: StudyContext) -> list[list[str]]:
+    b = ctx.budget
+    return [["longctx", *ctx.common, "--methods", "dense,sleb,orthorank", "--sparsity", sparsity_label(level),
+             "--lengths", b.longctx_lengths, "--samples", str(b.longctx_samples), *ctx.store_args(),
+             "--out", str(ctx.out / f"longctx-{sparsity_label(level)}"), "--overwrite"] for level in b.claim_levels]
+
+
+def _speed_argv(ctx: StudyContext) -> list[list[str]]:
+    b = ctx.budget
+    return [["bench", *ctx.common, "--methods", "dense," + ",".join(SEARCHED), "--sparsity", sparsity_label(level),
+             "--mode", "prefill,decode", "--seq-len", str(b.speed_seq_len), "--repeats", str(b.speed_repeats),
+             "--json", str(ctx.out / "speed" / f"bench-{sparsity_label(level)}.json"), "--overwrite"]
+            for level in b.claim_levels]
+
+
+def _hybrid_argv(ctx: StudyContext) -> list[list[str]]:
+    b = ctx.budget
+    table = ctx.out / "hybrid" / "cost-table.json"
+    cmds = []
+    if not table.is_file():
+        cmds.append(["bench", *ctx.common, "--cost-table", str(table)])
+    missing = _missing_plans(ctx, "hybrid")
+    if missing:
+        cmds.append(["calibrate", *ctx.common, "--method", "hybrid", "--cost-table", str(table), "--sparsity",
+                     ctx.levels(tuple(missing)), *ctx.budget.calibration, "--out-dir", str(ctx.plans_dir),
+                     *ctx.store_args()])
+    cmds.append(["compare", *ctx.common, "--methods", "dense,sleb,orthorank,hybrid", "--sparsity",
+                 ctx.levels(b.levels), "--datasets", ",".join(DOMAINS), "--seq-len", str(b.ppl_seq_len),
+                 "--max-windows", str(b.ppl_windows), "--plans-dir", str(ctx.plans_dir), *ctx.store_args(),
+                 "--out", str(ctx.out / "hybrid"), "--overwrite"])
+    return cmds
+
+
+def _last_of(folder: str, name: str, per_level: bool = False):
+    def output(ctx: StudyContext) -> Path:
+        if per_level:
+            level = sparsity_label(ctx.budget.claim_levels[-1])
+            return ctx.out / folder.format(level=level) / name.format(level=level)
+        return ctx.out / folder / name
+    return output
+
+
+STAGES: list[Stage] = [
+    Stage("sink", "attention-sink analysis (sink similarity and drift per layer)",
+          lambda ctx: ctx.out / "sink" / "analysis.json",
+          lambda ctx: [["analyze", *ctx.common, "--dataset", "wikitext2", "--samples", str(ctx.budget.sink_samples),
+                        "--seq-len", "512", "--out", str(ctx.out / "sink"), "--overwrite"]]),
+    Stage("plans", "plans of every method at every level (searched once, kept under plans/<model>/)",
+          _plans_output, _plans_argv),
+    Stage("perplexity", "perplexity on every domain, paired ratios, worst-domain ratios, the four ablations",
+          lambda ctx: ctx.out / "perplexity" / "compare.json", _ppl_argv),
+    Stage("zeroshot", "zero-shot accuracy on five tasks", lambda ctx: ctx.out / "zeroshot" / "compare.json",
+          _zeroshot_argv),
+    Stage("longctx", "the offline long-context suite", _last_of("longctx-{level}", "longctx.json", True),
+          _longctx_argv),
+    Stage("speed", "prefill and decode speed with the saved plans",
+          _last_of("speed", "bench-{level}.json", True), _speed_argv),
+    Stage("hybrid", "the hybrid frontier (remove / select / keep per layer under this machine's cost table)",
+          lambda ctx: ctx.out / "hybrid" / "compare.json", _hybrid_argv, lambda b: b.hybrid),
+]
+
+
+def stage_names() -> list[str]:
+    return [s.name for s in STAGES]
+
+
+def run_stage(ctx: StudyContext, stage: Stage, run_command: Callable[[list[str]], int]) -> float | None:
+    """Run one stage's commands unless its output exists; its wall time in seconds (None when it was done)."""
+    if stage.output(ctx).is_file():
+        ctx.log(f"study: {stage.name}: done before ({stage.output(ctx)})")
+        return None
+    started = time.time()
+    ctx.log(f"study: {stage.name}: {stage.what}")
+    for argv in stage.argv(ctx):
+        ctx.log("study: + orthorank " + " ".join(argv))
+        code = run_command(argv)
+        if code:
+            raise UserError(f"stage {stage.name} stopped: `orthorank {argv[0]}` exited with status {code} (run the "
+                            "study again to resume it)")
+    if stage.name == "plans":
+        _write_plans_index(ctx)
+    return time.time() - started
+
+
+def _write_plans_index(ctx: StudyContext) -> None:
+    import json
+
+    from orthorank.results import atomic_write_text
+
+    plans = {}
+    for method in SEARCHED:
+        for s in ctx.budget.levels:
+            path = ctx.plans_dir / f"{method}-{sparsity_label(s)}.json"
+            if not path.is_file():
+                raise UserError(f"stage plans finished without {path}")
+            plans[f"{method}-{sparsity_label(s)}"] = json.loads(path.read_text())
+    atomic_write_text(_plans_output(ctx), json.dumps({"plans_dir": str(ctx.plans_dir), "plans": plans}, indent=1)
+                      + "\n")

@@ -1,0 +1,131 @@
+"""`orthorank study`: verdicts follow the intervals, the whole study runs end to end on a tiny model and resumes,
+its report renders, and a summary joins two studies."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from cli_helpers import assert_user_error, run_cli
+from orthorank.study.claims import (
+    CONTRADICTED, INCONCLUSIVE, NO_DIFFERENCE, SUPPORTED, perplexity_claims, speed_claims, verdict,
+)
+
+
+def test_verdicts_come_from_the_interval():
+    assert verdict(0.90, 0.98, "lower", 1.0) == SUPPORTED
+    assert verdict(1.01, 1.10, "lower", 1.0) == CONTRADICTED
+    assert verdict(0.95, 1.05, "lower", 1.0) == NO_DIFFERENCE
+    assert verdict(0.5, 2.0, "higher", 0.0) == SUPPORTED
+    assert verdict(-2.0, -0.5, "higher", 0.0) == CONTRADICTED
+    assert verdict(-2.0, 0.5, "higher", 0.0) == NO_DIFFERENCE
+    assert verdict(0.95, 1.04, "equivalent", 1.0) == SUPPORTED  # inside +-10%
+    assert verdict(0.70, 0.85, "equivalent", 1.0) == CONTRADICTED  # wholly outside
+    assert verdict(0.85, 1.00, "equivalent", 1.0) == INCONCLUSIVE  # across an edge
+
+
+def test_constructed_comparisons_give_each_verdict():
+    data = {"windows": {"wikitext2": 8, "code": 8, "c4": 8}, "seq_len": 256, "comparisons": [
+        {"a": "orthorank", "a_level": 0.2, "b": "sleb", "b_level": 0.2, "dataset": "wikitext2", "ratio": 0.9,
+         "ci95": [0.85, 0.95]},
+        {"a": "orthorank", "a_level": 0.2, "b": "sleb", "b_level": 0.2, "dataset": "code", "ratio": 1.1,
+         "ci95": [1.05, 1.15]},
+        {"a": "orthorank", "a_level": 0.2, "b": "sleb", "b_level": 0.2, "dataset": "c4", "ratio": 1.0,
+         "ci95": [0.97, 1.03]},
+        # ablated / method above 1: the method (orthogonal) is better than random
+        {"a": "orthorank (random)", "a_level": 0.2, "b": "orthorank", "b_level": 0.2, "dataset": "c4",
+         "ratio": 1.25, "ci95": [1.2, 1.3]},
+        {"a": "sleb", "a_level": 0.2, "b": "dense", "b_level": 0.0, "dataset": "c4", "ratio": 2.0, "ci95": [1.9, 2.1]},
+    ]}
+    claims = {(c.group, c.setting): c for c in perplexity_claims(data, (0.2,))}
+    assert claims[("perplexity", "0.2 on wikitext2")].verdict == SUPPORTED
+    assert claims[("perplexity", "0.2 on code")].verdict == CONTRADICTED
+    assert claims[("perplexity", "0.2 on c4")].verdict == NO_DIFFERENCE
+    random = claims[("ablation", "0.2 on c4")]
+    assert random.verdict == SUPPORTED and random.value == pytest.approx(0.8) and random.high < 1
+    assert len(claims) == 4  # pruning against dense is not a claim of the paper
+
+
+def test_speed_claim_pairs_repeats():
+    def run(times_o, times_s):
+        return {"runs": [{"mode": "prefill", "batch": 1, "seq_len": 512, "methods": [
+            {"method": "sleb", "timing": {"times_s": times_s}}, {"method": "orthorank", "timing": {"times_s": times_o}}]}]}
+
+    same = speed_claims(run([1.0, 1.01, 0.99, 1.0, 1.02], [1.0, 1.0, 1.0, 1.01, 1.0]), 0.2)[0]
+    assert same.verdict == SUPPORTED
+    slow = speed_claims(run([2.0, 2.1, 1.9, 2.0, 2.05], [1.0, 1.0, 1.0, 1.01, 1.0]), 0.2)[0]
+    assert slow.verdict == CONTRADICTED and slow.value < 0.6
+
+
+@pytest.fixture(scope="module")
+def tiny_long_folder(tmp_path_factory):
+    """A tiny random Llama with the embedded tokenizer and a 1K context (the long-input stage needs 512 tokens)."""
+    from conftest import tiny_model
+    from transformers import AutoTokenizer
+
+    from orthorank.models.gguf import converted_folder
+    from orthorank.models.loading import embedded_gguf_path
+
+    tok = AutoTokenizer.from_pretrained(str(converted_folder(embedded_gguf_path())))
+    folder = tmp_path_factory.mktemp("tiny-study")
+    tiny_model(layers=4, vocab_size=len(tok), pad_token_id=tok.eos_token_id,
+               max_position_embeddings=1024).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.data
+def test_study_end_to_end_resumes_and_summarizes(capsys, tiny_long_folder, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # plans/<model>/ is kept under the current folder
+    out = tmp_path / "study"
+    code, stdout, err = run_cli(capsys, "study", "--model", tiny_long_folder, "--budget", "test", "--out", out,
+                                "--threads", "1")
+    assert code == 0, err
+    study = json.loads((out / "study.json").read_text())
+    assert study["finished"] == ["sink", "plans", "perplexity", "zeroshot", "longctx", "speed"]
+    assert study["skipped"] == ["hybrid"]  # not part of the test budget
+    groups = {c["group"] for c in study["claims"]}
+    assert groups == {"perplexity", "ablation", "zero-shot", "long inputs", "speed"}
+    for c in study["claims"]:  # every verdict is the interval's
+        assert c["low"] <= c["value"] <= c["high"] or c["group"] == "speed"
+        assert c["verdict"] == verdict(c["low"], c["high"], c["better"], c["null"])
+    assert (tmp_path / "plans" / tiny_long_folder.name / "orthorank-0.2.json").is_file()
+    page = (out / "report.html").read_text()
+    assert "Claims of the paper, tested" in page and "<script" not in page and "http" not in page.split("<body>")[1]
+    assert "budget test" in page
+
+    code, stdout, err = run_cli(capsys, "study", "--model", tiny_long_folder, "--budget", "test", "--out", out,
+                                "--threads", "1")
+    assert code == 0 and err.count("done before") == 6, err  # resumed: nothing ran again
+
+    import browser_check
+
+    if browser_check.chromium_available():
+        result = browser_check.check_report(out / "report.html")
+        assert not result["problems"], result["problems"]
+
+    other = tmp_path / "other"
+    shutil.copytree(out, other, ignore=shutil.ignore_patterns("store"))
+    data = json.loads((other / "study.json").read_text())
+    data["model"] = "second-model"
+    (other / "study.json").write_text(json.dumps(data))
+    code, stdout, err = run_cli(capsys, "study", "--summary", out, other, "--out", tmp_path / "summary")
+    assert code == 0, err
+    md = (tmp_path / "summary" / "summary.md").read_text()
+    assert tiny_long_folder.name in md and "second-model" in md and "OrthoRank's perplexity is below sleb's" in md
+
+    assert_user_error(capsys, "holds a study at budget 'test'", "study", "--model", tiny_long_folder,
+                      "--budget", "quick", "--out", out)
+    assert_user_error(capsys, "two studies of the same model", "study", "--summary", out, out, "--out",
+                      tmp_path / "s2")
+
+
+def test_study_bad_input(capsys, tmp_path):
+    assert_user_error(capsys, "holds no study.json", "study", "--summary", tmp_path, "--out", tmp_path / "s")
+    assert_user_error(capsys, "unknown stage nope", "study", "--model", "llama-tiny", "--budget", "test",
+                      "--stages", "nope", "--out", tmp_path / "x")
+    f = tmp_path / "file"
+    f.write_text("x")
+    assert_user_error(capsys, "is a file, not a folder", "study", "--model", "llama-tiny", "--out", f)
