@@ -20,8 +20,7 @@ $(STAMP): pyproject.toml Makefile
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(VENV)/bin/orthorank compare --model smollm2-135m --methods dense,sleb,shortened-ppl,orthorank \
-		--sparsity 0.2 --datasets wikitext2 --seq-len 512 --max-windows 16 --out results/demo --overwrite
+	$(VENV)/bin/orthorank study --model smollm2-135m --budget quick --out results/study-quick
 
 test: $(STAMP)
 	$(PY) -m pytest -q

@@ -23,27 +23,28 @@ class Budget:
     longctx_lengths: str
     longctx_samples: int  # per task and length
     speed_repeats: int  # interleaved prefill timings
-    speed_seq_len: int
+    speed_seq_len: int  # prefill tokens, and the prompt before the timed decode steps
     sink_samples: int
     hybrid: bool  # the hybrid frontier: a cost table of this machine, a hybrid search, its perplexity
+    decode_tokens: int = 32  # timed decode steps
     calibration: tuple[str, ...] = ()  # extra `calibrate` flags for plans searched here (default: its defaults)
 
     def caption(self) -> str:
         return (f"budget {self.name}: perplexity on the first {self.ppl_windows} windows of {self.ppl_seq_len} tokens "
                 f"per domain, zero-shot on the first {self.zeroshot_limit} items per task, long inputs "
                 f"{self.longctx_samples} samples per task at {self.longctx_lengths} tokens, prefill speed "
-                f"{self.speed_repeats} interleaved repeats at {self.speed_seq_len} tokens")
+                f"{self.speed_repeats} interleaved repeats at {self.speed_seq_len} tokens (decode: {self.decode_tokens} steps)")
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
 
 BUDGETS: dict[str, Budget] = {
-    "quick": Budget("quick", (0.1, 0.2), (0.2,), 4, 256, 20, "512", 4, 3, 512, 2, False),
-    "standard": Budget("standard", (0.1, 0.2), (0.2,), 32, 512, 200, "1k,2k", 20, 7, 1024, 4, True),
+    "quick": Budget("quick", (0.1, 0.2), (0.2,), 4, 256, 10, "512", 2, 3, 512, 2, False, decode_tokens=8),
+    "standard": Budget("standard", (0.1, 0.2), (0.2,), 16, 512, 100, "1k", 6, 5, 1024, 4, True),
     "full": Budget("full", (0.1, 0.2), (0.1, 0.2), 128, 2048, 1000, "1k,2k,4k", 50, 9, 2048, 8, True),
     # for tests and a smoke run of a new setup: every stage, seconds on a tiny model
-    "test": Budget("test", (0.1, 0.2), (0.2,), 2, 64, 4, "512", 2, 2, 64, 1, False,
+    "test": Budget("test", (0.1, 0.2), (0.2,), 2, 64, 4, "512", 2, 2, 64, 1, False, 4,
                    ("--calib-samples", "2", "--seq-len", "64", "--measure-speed", "0")),
 }
 

@@ -98,6 +98,7 @@ def _speed_argv(ctx: StudyContext) -> list[list[str]]:
     b = ctx.budget
     return [["bench", *ctx.common, "--methods", "dense," + ",".join(SEARCHED), "--sparsity", sparsity_label(level),
              "--mode", "prefill,decode", "--seq-len", str(b.speed_seq_len), "--repeats", str(b.speed_repeats),
+             "--new-tokens", str(b.decode_tokens),
              "--json", str(ctx.out / "speed" / f"bench-{sparsity_label(level)}.json"), "--overwrite"]
             for level in b.claim_levels]
 
