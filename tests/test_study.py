@@ -24,6 +24,7 @@ def test_verdicts_come_from_the_interval():
     assert verdict(0.95, 1.04, "equivalent", 1.0) == SUPPORTED  # inside +-10%
     assert verdict(0.70, 0.85, "equivalent", 1.0) == CONTRADICTED  # wholly outside
     assert verdict(0.85, 1.00, "equivalent", 1.0) == INCONCLUSIVE  # across an edge
+    assert verdict(float("nan"), 1.0, "lower", 1.0) == INCONCLUSIVE
 
 
 def test_constructed_comparisons_give_each_verdict():
@@ -116,8 +117,10 @@ def test_study_end_to_end_resumes_and_summarizes(capsys, tiny_long_folder, tmp_p
     md = (tmp_path / "summary" / "summary.md").read_text()
     assert tiny_long_folder.name in md and "second-model" in md and "OrthoRank's perplexity is below sleb's" in md
 
-    assert_user_error(capsys, "holds a study at budget 'test'", "study", "--model", tiny_long_folder,
+    assert_user_error(capsys, "holds a study of budget 'test'", "study", "--model", tiny_long_folder,
                       "--budget", "quick", "--out", out)
+    assert_user_error(capsys, "holds a study of model", "study", "--model", "llama-tiny", "--budget", "test",
+                      "--out", out)
     assert_user_error(capsys, "two studies of the same model", "study", "--summary", out, out, "--out",
                       tmp_path / "s2")
 

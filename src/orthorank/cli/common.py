@@ -152,8 +152,9 @@ def expected_model_name(spec: str) -> str:
     if spec in SHIPPED:
         return spec
     if spec.lower().endswith(".gguf"):
-        shipped = next((m for m in SHIPPED.values() if m.filename == Path(spec).name), None)
-        return shipped.name if shipped else Path(spec).stem
+        from orthorank.models.loading import gguf_model_name
+
+        return gguf_model_name(spec)
     by_package = shipped_by_package(spec)
     if by_package is not None:
         return by_package.name

@@ -28,7 +28,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--stages", default=None, help=f"comma-separated subset of {', '.join(stage_names())}")
     p.add_argument("--data-dir", default=None)
     p.add_argument("--store", default=None, help="result store (default: DIR/store)")
-    p.add_argument("--plans-root", default=".", help="plans are kept in PLANS_ROOT/plans/<model>/ (default: here)")
     p.add_argument("--summary", nargs="+", default=None, metavar="DIR", help="study folders to summarize")
     p.set_defaults(func=run)
 
@@ -37,7 +36,10 @@ def run_command(argv: list[str]) -> int:
     """One command in this process, without main()'s shutdown of the process group between stages."""
     from orthorank.cli.main import build_parser
 
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:  # argparse has printed why
+        return int(exc.code or 2)
     try:
         return int(args.func(args) or 0)
     except UserError as exc:
@@ -65,23 +67,18 @@ def run(args) -> int:
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out} is a file, not a folder")
-    budget_file = out / "budget.txt"
-    if budget_file.is_file() and budget_file.read_text().strip() != budget.name:
-        raise UserError(f"{out} holds a study at budget {budget_file.read_text().strip()!r}; use another --out for "
-                        f"budget {budget.name!r}")
     common = ["--model", args.model, "--dtype", args.dtype, "--seed", str(args.seed)]
     for flag, value in (("--device", args.device), ("--threads", args.threads), ("--max-memory", args.max_memory),
                         ("--offload-dir", args.offload_dir)):
         if value is not None:
             common += [flag, str(value)]
     data = ["--data-dir", args.data_dir] if args.data_dir else []
-    ctx = StudyContext(args.model, expected_model_name(args.model), out, budget, common + data,
-                       args.store or str(out / "store"), Path(args.plans_root) / "plans")
+    # plans live in ./plans/<model>/: where compare is pointed and where longctx and bench look first
+    ctx = StudyContext(args.model, expected_model_name(args.model), out, budget, common, data,
+                       args.store or str(out / "store"), Path("plans"))
+    manifest = {"model": ctx.model_name, "budget": budget.name, "dtype": args.dtype}
+    _check_manifest(out, manifest, write=False)
     started = time.time()
-    if dist.is_main():
-        from orthorank.results import atomic_write_text
-
-        atomic_write_text(budget_file, budget.name + "\n")
     seconds = {}
     for stage in STAGES:
         if stage.name not in wanted:
@@ -89,13 +86,32 @@ def run(args) -> int:
         if not stage.applies(budget):
             ctx.log(f"study: {stage.name}: not part of budget {budget.name}")
             continue
-        ctx.common = common if stage.name == "speed" else common + data  # bench reads no data
         took = run_stage(ctx, stage, run_command)
+        _check_manifest(out, manifest, write=True)  # after a stage ran: the model spec has been loaded once
         if took is not None:
             seconds[stage.name] = round(took, 1)
     if dist.is_main():
         _report(args, ctx, seconds, time.time() - started)
     return 0
+
+
+def _check_manifest(out: Path, manifest: dict, write: bool) -> None:
+    """A study folder holds one model at one budget and dtype: a rerun with others would mark every stage done and
+    report the old numbers under the new name."""
+    import json
+
+    from orthorank import distributed as dist
+    from orthorank.results import atomic_write_text
+
+    path = out / "study-manifest.json"
+    if path.is_file():
+        old = json.loads(path.read_text())
+        diff = [f"{k} {old.get(k)!r}" for k in manifest if old.get(k) != manifest[k]]
+        if diff:
+            raise UserError(f"{out} holds a study of {', '.join(diff)}; use another --out for "
+                            + ", ".join(f"{k} {manifest[k]!r}" for k in manifest if old.get(k) != manifest[k]))
+    elif write and dist.is_main():
+        atomic_write_text(path, json.dumps(manifest, indent=1) + "\n")
 
 
 def _report(args, ctx, seconds: dict[str, float], total: float) -> None:

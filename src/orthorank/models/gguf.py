@@ -70,6 +70,15 @@ def check_gguf(path: str | Path) -> GGUFInfo:
     return GGUFInfo(path, architecture, tuple(types), int(ctx.contents()) if ctx is not None else None)
 
 
+def _gguf_step(what: str, path: Path, step: Callable[[], Any]) -> Any:
+    """transformers' GGUF reading, with its failures (unmapped fields, tensors it cannot place) as one line."""
+    try:
+        return step()
+    except (ValueError, KeyError, RuntimeError, NotImplementedError, OSError, TypeError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise UserError(f"transformers could not {what} {path.name}: {first[:300]}") from None
+
+
 def converted_folder(path: str | Path, check_config: Callable[[Any], None] | None = None) -> Path:
     """A Hugging Face folder (config, float32 safetensors, tokenizer) holding the GGUF file's dequantized model,
     made once per file and transformers version in the cache folder.
@@ -95,14 +104,22 @@ def converted_folder(path: str | Path, check_config: Callable[[Any], None] | Non
     if (folder / "config.json").is_file():
         return folder
     check_gguf(path)
+    import json
+    import time
+
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     if check_config is not None:  # e.g. a family we have no adapter for: refused before the slow conversion
-        check_config(AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name))
-
+        check_config(_gguf_step("read the config of", path,
+                                lambda: AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)))
     try:
         folder.parent.mkdir(parents=True, exist_ok=True)
+        for stale in folder.parent.glob(".*"):  # temporary folders of conversions killed more than a day ago
+            if stale.is_dir() and time.time() - stale.stat().st_mtime > 86400:
+                shutil.rmtree(stale, ignore_errors=True)
+        if folder.exists():  # a folder without config.json is no conversion of ours: replaced
+            shutil.rmtree(folder)
         tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
     except OSError as exc:
         raise UserError(f"cannot write the model cache {folder.parent}: {exc.strerror or exc}; set ORTHORANK_CACHE "
@@ -110,21 +127,26 @@ def converted_folder(path: str | Path, check_config: Callable[[Any], None] | Non
     try:
         print(f"converting {path.name} to a cached float32 model folder (once per file): {folder}",
               file=sys.stderr, flush=True)
-        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
-        tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        model = _gguf_step("dequantize", path, lambda: AutoModelForCausalLM.from_pretrained(
+            str(path.parent), gguf_file=path.name, dtype=torch.float32))
+        tokenizer = _gguf_step("read the tokenizer of", path,
+                               lambda: AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name))
         # save_pretrained refuses a model loaded from GGUF ("quantized with gguf"), though its weights are plain
         # tensors by now: write the config without the quantizer's mark, and the weights with safetensors.
         from safetensors.torch import save_model
 
-        model.config.__dict__.pop("quantization_config", None)
-        model.config.save_pretrained(tmp)
-        save_model(model, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        tokenizer.save_pretrained(tmp)
-        (tmp / "orthorank-source.json").write_text(
-            f'{{"gguf": "{path}", "size": {st.st_size}, "transformers": "{transformers.__version__}"}}\n')
-        tmp.chmod(0o755)
-        for f in tmp.iterdir():
-            f.chmod(0o644)
+        try:
+            model.config.__dict__.pop("quantization_config", None)
+            model.config.save_pretrained(tmp)
+            save_model(model, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+            tokenizer.save_pretrained(tmp)
+            (tmp / "orthorank-source.json").write_text(json.dumps(
+                {"gguf": str(path), "size": st.st_size, "transformers": transformers.__version__}) + "\n")
+            tmp.chmod(0o755)
+            for f in tmp.iterdir():
+                f.chmod(0o644)
+        except OSError as exc:
+            raise UserError(f"cannot write the converted model to {tmp}: {exc.strerror or exc}") from None
         try:
             os.rename(tmp, folder)
         except OSError:  # another process finished first: its folder is as good

@@ -13,7 +13,7 @@ from torch import nn
 
 from orthorank.errors import UserError
 from orthorank.models.adapters import get_adapter
-from orthorank.models.catalog import SHIPPED, package_gguf, shipped_by_package
+from orthorank.models.catalog import SHIPPED, package_gguf, shipped_by_file, shipped_by_package
 from orthorank.models.gguf import converted_folder
 from orthorank.models.shapes import SHAPES, shape_config
 
@@ -97,13 +97,19 @@ def resolve_source(spec: str) -> ModelSource:
         if not path.is_file():
             raise UserError(f"GGUF file {spec} does not exist")
         path = path.resolve()
-        shipped = next((m for m in SHIPPED.values() if m.filename == path.name), None)
-        return ModelSource(shipped.name if shipped else path.stem, path)
+        return ModelSource(gguf_model_name(path), path)
     if not Path(spec).exists() and "/" not in spec:
         found = package_gguf(spec)
         if found is not None:
             return ModelSource(_normal_name(spec), found)
     return ModelSource(spec, None)
+
+
+def gguf_model_name(path: str | Path) -> str:
+    """What plans record for a GGUF file: the shipped model's name where the file is one, else the file's stem."""
+    path = Path(path).expanduser().resolve()
+    shipped = shipped_by_file(path)
+    return shipped.name if shipped else path.stem
 
 
 def _normal_name(package: str) -> str:

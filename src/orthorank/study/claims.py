@@ -11,6 +11,7 @@ when it crosses an edge.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,8 @@ class Claim:
 
 
 def verdict(low: float, high: float, better: str, null: float) -> str:
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return INCONCLUSIVE
     if better == "equivalent":
         lo, hi = null * (1 - SPEED_MARGIN), null * (1 + SPEED_MARGIN)
         if lo <= low and high <= hi:
@@ -62,8 +65,8 @@ def verdict(low: float, high: float, better: str, null: float) -> str:
 
 
 def _claim(group, claim, setting, measure, value, low, high, null, better, n) -> Claim:
-    low, high = round(float(low), 4), round(float(high), 4)  # judged on the figures the reader sees
-    return Claim(group, claim, setting, measure, round(float(value), 4), low, high, null, better,
+    low, high = round(float(low), 6), round(float(high), 6)  # judged on exactly the figures study.json holds
+    return Claim(group, claim, setting, measure, round(float(value), 6), low, high, null, better,
                  verdict(low, high, better, null), n)
 
 
@@ -101,7 +104,7 @@ def zeroshot_claims(data: dict[str, Any]) -> list[Claim]:
             continue
         m = c["mean"]
         out.append(_claim("zero-shot", f"OrthoRank's zero-shot accuracy is above {c['b']}'s",
-                          f"{c['level']:g}, mean of {len(z.get('items', {}))} tasks",
+                          f"{c['level']:g}, mean of {len(z.get('items', {}))} tasks, {c.get('metric', 'acc')}",
                           f"accuracy difference orthorank - {c['b']} ({c.get('metric', 'acc')}, points)",
                           100 * m["value"], 100 * m["low"], 100 * m["high"], 0.0, "higher",
                           f"the first {z.get('limit')} items per task"))

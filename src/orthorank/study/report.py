@@ -106,6 +106,12 @@ def claims_markdown(claims: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _less_favourable(c: dict[str, Any], cur: dict[str, Any]) -> bool:
+    if c["better"] == "equivalent":  # farther from the null
+        return abs(c["value"] - c["null"]) > abs(cur["value"] - cur["null"])
+    return c["value"] > cur["value"] if c["better"] == "lower" else c["value"] < cur["value"]
+
+
 def _headline(claims: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The one-screen table: per group and compared method, the worst case over domains (directional claims:
     the least favourable interval), so a reader sees where each claim holds and where it fails."""
@@ -116,8 +122,7 @@ def _headline(claims: list[dict[str, Any]]) -> list[dict[str, Any]]:
         key = (c["claim"], level)
         cur = keyed.get(key)
         worse = cur is None or order[c["verdict"]] < order[cur["verdict"]] or (
-            order[c["verdict"]] == order[cur["verdict"]] and (
-                c["value"] > cur["value"] if c["better"] == "lower" else c["value"] < cur["value"]))
+            order[c["verdict"]] == order[cur["verdict"]] and _less_favourable(c, cur))
         if worse:
             keyed[key] = c
     return list(keyed.values())
@@ -183,8 +188,8 @@ def write_summary(dirs: list[Path], out: Path) -> Path:
                 cells[key] = {}
             cells[key][s["model"]] = c
     head = "| claim | level | " + " | ".join(models) + " |"
-    lines = [f"Claims x models: each cell is the claim's least favourable domain or task for that model, its "
-             f"95% paired interval and the verdict computed from it. Budgets: "
+    lines = ["Claims x models: each cell is the claim's least favourable domain or task for that model, its "
+             "95% paired interval and the verdict computed from it. Budgets: "
              + "; ".join(f"{s['model']}: {s['budget_caption']}" for s in studies), "", head,
              "|---|---|" + "---|" * len(models)]
     for key in keys:

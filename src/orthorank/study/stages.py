@@ -7,6 +7,7 @@ every process runs the same stages and the commands shard their work as they do 
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from dataclasses import dataclass, field
@@ -28,9 +29,10 @@ class StudyContext:
     model_name: str  # what plans record
     out: Path
     budget: Budget
-    common: list[str]  # --model/--dtype/--device/--threads/--data-dir for every command
+    common: list[str]  # --model/--dtype/--seed/--device/--threads for every command
+    data: list[str]  # --data-dir for the commands that read text (bench does not)
     store: str | None
-    plans_root: Path  # plans/<model-name>/ lives under it
+    plans_root: Path  # plans/<model-name>/ lives under it: the current folder, where every command looks first
     log: Callable[[str], None] = field(default=lambda m: print(m, file=sys.stderr, flush=True))
 
     @property
@@ -51,6 +53,8 @@ class Stage:
     output: Callable[[StudyContext], Path]  # the JSON that marks it finished
     argv: Callable[[StudyContext], list[list[str]]]  # the commands it runs, in order
     applies: Callable[[Budget], bool] = lambda b: True
+    # finished: by default its output exists; a stage whose command rewrites its output as it goes says more
+    done: Callable[[Path], bool] = lambda path: path.is_file()
 
 
 def _missing_plans(ctx: StudyContext, method: str) -> list[float]:
@@ -62,7 +66,7 @@ def _plans_argv(ctx: StudyContext) -> list[list[str]]:
     for method in SEARCHED:
         missing = _missing_plans(ctx, method)
         if missing:
-            cmds.append(["calibrate", *ctx.common, "--method", method, "--sparsity", ctx.levels(tuple(missing)),
+            cmds.append(["calibrate", *ctx.common, *ctx.data, "--method", method, "--sparsity", ctx.levels(tuple(missing)),
                          *ctx.budget.calibration, "--out-dir", str(ctx.plans_dir), *ctx.store_args()])
     return cmds
 
@@ -73,7 +77,7 @@ def _plans_output(ctx: StudyContext) -> Path:
 
 def _ppl_argv(ctx: StudyContext) -> list[list[str]]:
     b = ctx.budget
-    return [["compare", *ctx.common, "--methods", "dense," + ",".join(SEARCHED), "--sparsity", ctx.levels(b.levels),
+    return [["compare", *ctx.common, *ctx.data, "--methods", "dense," + ",".join(SEARCHED), "--sparsity", ctx.levels(b.levels),
              "--datasets", ",".join(DOMAINS), "--seq-len", str(b.ppl_seq_len), "--max-windows", str(b.ppl_windows),
              "--ablations", "--ablation-levels", ctx.levels(b.claim_levels), "--plans-dir", str(ctx.plans_dir),
              *ctx.store_args(), "--out", str(ctx.out / "perplexity"), "--overwrite"]]
@@ -81,7 +85,7 @@ def _ppl_argv(ctx: StudyContext) -> list[list[str]]:
 
 def _zeroshot_argv(ctx: StudyContext) -> list[list[str]]:
     b = ctx.budget
-    return [["compare", *ctx.common, "--methods", "dense," + ",".join(SEARCHED), "--sparsity",
+    return [["compare", *ctx.common, *ctx.data, "--methods", "dense," + ",".join(SEARCHED), "--sparsity",
              ctx.levels(b.claim_levels), "--no-ppl", "--seq-len", str(b.ppl_seq_len), "--zeroshot", "--tasks", ",".join(ZEROSHOT_TASKS), "--limit",
              str(b.zeroshot_limit), "--plans-dir", str(ctx.plans_dir), *ctx.store_args(),
              "--out", str(ctx.out / "zeroshot"), "--overwrite"]]
@@ -89,7 +93,7 @@ def _zeroshot_argv(ctx: StudyContext) -> list[list[str]]:
 
 def _longctx_argv(ctx: StudyContext) -> list[list[str]]:
     b = ctx.budget
-    return [["longctx", *ctx.common, "--methods", "dense,sleb,orthorank", "--sparsity", sparsity_label(level),
+    return [["longctx", *ctx.common, *ctx.data, "--methods", "dense,sleb,orthorank", "--sparsity", sparsity_label(level),
              "--lengths", b.longctx_lengths, "--samples", str(b.longctx_samples), *ctx.store_args(),
              "--out", str(ctx.out / f"longctx-{sparsity_label(level)}"), "--overwrite"] for level in b.claim_levels]
 
@@ -111,10 +115,10 @@ def _hybrid_argv(ctx: StudyContext) -> list[list[str]]:
         cmds.append(["bench", *ctx.common, "--cost-table", str(table)])
     missing = _missing_plans(ctx, "hybrid")
     if missing:
-        cmds.append(["calibrate", *ctx.common, "--method", "hybrid", "--cost-table", str(table), "--sparsity",
+        cmds.append(["calibrate", *ctx.common, *ctx.data, "--method", "hybrid", "--cost-table", str(table), "--sparsity",
                      ctx.levels(tuple(missing)), *ctx.budget.calibration, "--out-dir", str(ctx.plans_dir),
                      *ctx.store_args()])
-    cmds.append(["compare", *ctx.common, "--methods", "dense,sleb,orthorank,hybrid", "--sparsity",
+    cmds.append(["compare", *ctx.common, *ctx.data, "--methods", "dense,sleb,orthorank,hybrid", "--sparsity",
                  ctx.levels(b.levels), "--datasets", ",".join(DOMAINS), "--seq-len", str(b.ppl_seq_len),
                  "--max-windows", str(b.ppl_windows), "--plans-dir", str(ctx.plans_dir), *ctx.store_args(),
                  "--out", str(ctx.out / "hybrid"), "--overwrite"])
@@ -133,7 +137,7 @@ def _last_of(folder: str, name: str, per_level: bool = False):
 STAGES: list[Stage] = [
     Stage("sink", "attention-sink analysis (sink similarity and drift per layer)",
           lambda ctx: ctx.out / "sink" / "analysis.json",
-          lambda ctx: [["analyze", *ctx.common, "--dataset", "wikitext2", "--samples", str(ctx.budget.sink_samples),
+          lambda ctx: [["analyze", *ctx.common, *ctx.data, "--dataset", "wikitext2", "--samples", str(ctx.budget.sink_samples),
                         "--seq-len", "512", "--out", str(ctx.out / "sink"), "--overwrite"]]),
     Stage("plans", "plans of every method at every level (searched once, kept under plans/<model>/)",
           _plans_output, _plans_argv),
@@ -144,7 +148,8 @@ STAGES: list[Stage] = [
     Stage("longctx", "the offline long-context suite", _last_of("longctx-{level}", "longctx.json", True),
           _longctx_argv),
     Stage("speed", "prefill and decode speed with the saved plans",
-          _last_of("speed", "bench-{level}.json", True), _speed_argv),
+          _last_of("speed", "bench-{level}.json", True), _speed_argv,
+          done=lambda path: path.is_file() and json.loads(path.read_text()).get("complete") is True),
     Stage("hybrid", "the hybrid frontier (remove / select / keep per layer under this machine's cost table)",
           lambda ctx: ctx.out / "hybrid" / "compare.json", _hybrid_argv, lambda b: b.hybrid),
 ]
@@ -156,7 +161,7 @@ def stage_names() -> list[str]:
 
 def run_stage(ctx: StudyContext, stage: Stage, run_command: Callable[[list[str]], int]) -> float | None:
     """Run one stage's commands unless its output exists; its wall time in seconds (None when it was done)."""
-    if stage.output(ctx).is_file():
+    if stage.done(stage.output(ctx)):
         ctx.log(f"study: {stage.name}: done before ({stage.output(ctx)})")
         return None
     started = time.time()
@@ -173,8 +178,6 @@ def run_stage(ctx: StudyContext, stage: Stage, run_command: Callable[[list[str]]
 
 
 def _write_plans_index(ctx: StudyContext) -> None:
-    import json
-
     from orthorank.results import atomic_write_text
 
     plans = {}
