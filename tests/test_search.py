@@ -170,3 +170,71 @@ def test_compare_with_zeroshot(tiny_hf_folder, tmp_path, monkeypatch, capsys):
     result = json.loads((tmp_path / "zs" / "compare.json").read_text())
     zs = result["zeroshot"]["rows"][0]
     assert zs["method"] == "dense" and len(zs["piqa"]["outcomes"]) == 3 and "stderr" in zs["piqa"]
+
+
+# -- racing ---------------------------------------------------------------------------------------------------------
+
+
+def test_t_quantiles_match_the_table_and_expansion():
+    from orthorank.search.racing import t_quantile
+
+    assert t_quantile(7) == pytest.approx(4.785)
+    assert t_quantile(31) == pytest.approx(3.3749, abs=2e-3)
+    assert t_quantile(1000) == pytest.approx(3.0984, abs=1e-3)
+    assert t_quantile(0) == math.inf
+
+
+def _constructed_scores(means: dict[int, float], windows_per_batch: int = 4, noise: float = 0.5, seed: int = 0):
+    """Per-window NLL = a window difficulty shared by all candidates (large) + the candidate's mean + small noise."""
+    g = torch.Generator().manual_seed(seed)
+    n_batches = 16
+    difficulty = torch.rand(n_batches, windows_per_batch, generator=g, dtype=torch.float64) * 100
+    table = {c: difficulty + m + noise * torch.randn(n_batches, windows_per_batch, generator=g, dtype=torch.float64)
+             for c, m in means.items()}
+    calls = []
+
+    def score(cands, batches):
+        calls.append((list(cands), list(batches)))
+        return {c: {b: table[c][b] for b in batches} for c in cands}
+    return score, calls, table, n_batches
+
+
+def test_race_drops_clear_losers_early_and_ranks_survivors_on_every_batch():
+    from orthorank.search.racing import race
+
+    means = {c: 0.0 if c == 7 else 0.05 if c == 3 else 5.0 for c in range(1, 29)}
+    score, calls, table, n = _constructed_scores(means)
+    totals = race(list(means), score, n, first=2, keep=2)
+    exhaustive = {c: float(table[c].sum()) for c in means}
+    assert min(totals, key=totals.get) == min(exhaustive, key=exhaustive.get) == 7
+    assert all(totals[c] == pytest.approx(exhaustive[c]) for c in totals)  # survivors saw every batch
+    assert set(totals) == {3, 7}  # the 26 layers 5 nats worse were dropped after the first chunk
+    scored = sum(len(c) * len(b) for c, b in calls)
+    assert scored < 0.2 * len(means) * n  # exhaustive would score 28 x 16 batch evaluations
+    assert [b for _, b in calls] == [[0, 1], [2, 3], [4, 5, 6, 7], list(range(8, 16))]  # chunks double
+
+
+@pytest.mark.parametrize("means", [{c: 0.0 for c in range(6)}, {c: 0.1 * c for c in range(10)},
+                                   {c: 0.0 if c == 4 else 0.3 + 0.02 * c for c in range(28)}],
+                         ids=["all-equal", "spread", "one-best"])
+def test_race_chooses_as_exhaustive_greedy(means):
+    """Over 20 noisy draws per regime the race's choice is the exhaustive choice (its only way to differ is to drop
+    the exhaustive winner, which a paired test at 0.001 does not)."""
+    from orthorank.search.racing import race
+
+    for seed in range(20):
+        score, calls, table, n = _constructed_scores(means, seed=seed)
+        totals = race(list(means), score, n, first=2, keep=1)
+        exhaustive = {c: float(table[c].sum()) for c in means}
+        assert min(totals, key=lambda c: (totals[c], c)) == min(exhaustive, key=lambda c: (exhaustive[c], c))
+
+
+def test_race_never_keeps_fewer_than_keep():
+    from orthorank.search.racing import race
+
+    means = {0: 0.0, 1: 9.0, 2: 9.0, 3: 9.0}
+    score, calls, table, n = _constructed_scores(means)
+    kept = set(race(list(means), score, n, first=2, keep=3))
+    assert 0 in kept and len(kept) == 3  # the 3 best so far always go on
+    score, calls, table, n = _constructed_scores(means)
+    assert set(race(list(means), score, n, first=n)) == set(means)  # first chunk = every batch: exhaustive

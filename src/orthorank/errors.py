@@ -3,3 +3,14 @@
 
 class UserError(Exception):
     """Bad input: unknown model or dataset, out-of-range option, missing file, mismatched plan."""
+
+
+def number_list(text: str, option: str) -> list[float]:
+    """'0.1, 0.2' -> [0.1, 0.2] for a comma-separated option; a one-line UserError naming `option` otherwise."""
+    try:
+        values = [float(p) for p in str(text).split(",") if p.strip()]
+    except ValueError:
+        raise UserError(f"{option} must be comma-separated numbers, got {text!r}") from None
+    if not values:
+        raise UserError(f"{option} is empty")
+    return values

@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from orthorank.bench.timing import summarize, synchronize, time_call
-from orthorank.errors import UserError
+from orthorank.errors import UserError, number_list
 from orthorank.method.plan import REMOVE
 from orthorank.method.selection import SelectionConfig
 
@@ -217,10 +217,7 @@ def parse_ratios(text: str | list[float] | tuple[float, ...]) -> list[float]:
     if isinstance(text, (list, tuple)):
         values = [float(v) for v in text]
     else:
-        try:
-            values = [float(p) for p in str(text).split(",") if p.strip()]
-        except ValueError:
-            raise UserError(f"--ratios must be comma-separated numbers, got {text!r}") from None
+        values = number_list(text, "--ratios")
     if not values:
         raise UserError("--ratios is empty")
     bad = [v for v in values if not 0.0 < v < 1.0 or math.isnan(v)]

@@ -13,6 +13,7 @@ import torch
 from orthorank.search.registry import get_search
 from orthorank.methods import METHODS, searched
 from orthorank.search.layer_search import StackRunner
+from orthorank.search.racing import ALPHA
 from orthorank.cli.calibration_options import (
     DEFAULT_CALIB_SAMPLES, DEFAULT_CALIB_SEQ_LEN, DEFAULT_SCREEN_FRACTION, calibration_samples, check_calibration_source,
     match_rules, parse_sparsities, token_count,
@@ -63,10 +64,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cost-seq-len", type=positive_int, default=DEFAULT_COST_SEQ_LEN,
                    help="sequence length at which compute sparsity is counted (the evaluation length)")
     p.add_argument("--screen-fraction", type=finite_float, default=DEFAULT_SCREEN_FRACTION,
-                   help="greedy searches score every candidate on this share of the calibration batches first and "
-                        "re-check the --recheck best on all of them (default %(default)s; 1 = exhaustive)")
+                   help="greedy searches race: every candidate is scored on this share of the calibration batches "
+                        "first, those clearly worse than the leader (paired t-test per window) are dropped and the "
+                        "rest see twice as many batches, until all are seen (default %(default)s; 1 = exhaustive)")
     p.add_argument("--exhaustive", action="store_true", help="score every candidate on every calibration batch")
-    p.add_argument("--recheck", type=positive_int, default=3)
+    p.add_argument("--recheck", type=positive_int, default=3,
+                   help="a race never drops the best N so far: they are always scored on every batch")
     p.add_argument("--measure-speed", type=int, default=5, metavar="N",
                    help="time one prefill of --cost-seq-len tokens under each plan and dense, N interleaved repeats, "
                         "and record the measured speed-up in the plan (0: do not time; --match speed needs N >= 3)")
@@ -185,8 +188,8 @@ def run(args) -> int:
                 "losses": [round(x, 6) for x in result.losses[:n]],
                 "dense_loss": round(result.dense_loss, 6),
                 "calibration": calib.provenance,
-                "search_mode": "exhaustive" if screen is None else {"screen_batches": screen,
-                                                                    "recheck": args.recheck},
+                "search_mode": "exhaustive" if screen is None else {"race": {"first_batches": screen,
+                                                                             "keep": args.recheck, "alpha": ALPHA}},
                 "search_seconds": round(result.seconds, 2),
                 "search_resumed_steps": checkpoint.resumed,
                 "search_device": f"{lm.device} x {dist.world_size()}, dtype {str(lm.model.dtype).removeprefix('torch.')}, "

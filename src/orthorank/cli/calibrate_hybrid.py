@@ -10,16 +10,12 @@ from pathlib import Path
 
 import torch
 
-from orthorank.errors import UserError
+from orthorank.errors import UserError, number_list
+from orthorank.search.racing import ALPHA
 
 
 def parse_targets(text: str) -> list[float]:
-    try:
-        values = [float(p) for p in str(text).split(",") if p.strip()]
-    except ValueError:
-        raise UserError(f"--target-speedup must be comma-separated numbers, got {text!r}") from None
-    if not values:
-        raise UserError("--target-speedup is empty")
+    values = number_list(text, "--target-speedup")
     bad = [v for v in values if math.isnan(v) or math.isinf(v) or not v > 1.0]
     if bad:
         raise UserError(f"--target-speedup must be above 1 (1 is the dense model), got {bad[0]:g}")
@@ -141,8 +137,8 @@ def run_hybrid(args) -> int:
                 "dense_loss": round(result.dense_loss, 6),
                 "loss": round(result.steps[n - 1].loss, 6),
                 "calibration": calib.provenance,
-                "search_mode": "exhaustive" if screen is None else {"screen_batches": screen,
-                                                                    "recheck": args.recheck},
+                "search_mode": "exhaustive" if screen is None else {"race": {"first_batches": screen,
+                                                                             "keep": args.recheck, "alpha": ALPHA}},
                 "search_seconds": round(result.seconds, 2),  # up to this target
                 "search_device": f"{lm.device} x {dist.world_size()}, dtype "
                                  f"{str(lm.model.dtype).removeprefix('torch.')}, {torch.get_num_threads()} threads",
@@ -160,7 +156,7 @@ def run_hybrid(args) -> int:
 
     settings = {"cost_table": table_digest, "targets": targets, "ratios": ratios, "candidates": candidates,
                 "selection": selection.to_dict(), "screen_batches": screen,
-                "recheck": None if screen is None else args.recheck}
+                "recheck": None if screen is None else args.recheck, "race_alpha": None if screen is None else ALPHA}
     checkpoint = Checkpoint.open(store_from_args(args), runner, "hybrid", settings, code="hybrid-search")
     try:
         result = hybrid_search(runner, table, targets, ratios, candidates, selection, progress=True,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from orthorank.errors import UserError
+from orthorank.errors import UserError, number_list
 from orthorank.method.plan import MATCH_RULES, check_sparsity
 
 # Default calibration: chosen from the calibration-spread study (benchmarks/calibration_spread.py, docs/results.md).
@@ -15,12 +15,7 @@ DEFAULT_SCREEN_FRACTION = 1.0  # exhaustive; screening (e.g. 0.25) pays off for 
 
 
 def parse_sparsities(text: str) -> list[float]:
-    try:
-        values = [float(p) for p in str(text).split(",") if p.strip()]
-    except ValueError:
-        raise UserError(f"--sparsity must be comma-separated numbers, got {text!r}") from None
-    if not values:
-        raise UserError("--sparsity is empty")
+    values = number_list(text, "--sparsity")
     for v in values:
         check_sparsity(v)
     return sorted(set(values))

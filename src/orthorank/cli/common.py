@@ -160,11 +160,13 @@ def expected_model_name(spec: str) -> str:
         return by_package.name
     if Path(spec).is_dir():
         return Path(spec).resolve().name
-    from orthorank.models.loading import SHAPES, resolve_source
+    from orthorank.models.catalog import package_gguf
+    from orthorank.models.loading import SHAPES, package_model_name
 
-    if spec in SHAPES or "/" in spec:
+    if spec in SHAPES or "/" in spec or Path(spec).exists():
         return spec
-    return resolve_source(spec).name  # an installed package: its normalized name
+    # An installed package: its normalized name, without assembling a chunked one (loading does that).
+    return package_model_name(spec) if package_gguf(spec, assemble=False) is not None else spec
 
 
 def saved_plan_path(args) -> Path | None:

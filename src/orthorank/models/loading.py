@@ -101,7 +101,7 @@ def resolve_source(spec: str) -> ModelSource:
     if not Path(spec).exists() and "/" not in spec:
         found = package_gguf(spec)
         if found is not None:
-            return ModelSource(_normal_name(spec), found)
+            return ModelSource(package_model_name(spec), found)
     return ModelSource(spec, None)
 
 
@@ -112,7 +112,7 @@ def gguf_model_name(path: str | Path) -> str:
     return shipped.name if shipped else path.stem
 
 
-def _normal_name(package: str) -> str:
+def package_model_name(package: str) -> str:
     return package.strip().lower().replace("_", "-")
 
 

@@ -21,10 +21,9 @@ marginally better rate). The search stops when the predicted speed-up (L d + res
 (sum of per-layer costs + rest) reaches the last target; the plan of each target is the configuration at the step
 that first reached it (targets share one search path).
 
-Screening (as SLEB's fast greedy_search): with screen_batches < all batches every move is scored on the first
-batches; the contenders by screened rate (and by screened loss, on a finishing step) are re-checked on all
-batches, and any other move whose screened value could still beat the best full value, allowing for the
-screening error seen on the re-checked ones, is re-checked too.
+Racing (as SLEB's fast greedy_search, search/racing.py): with screen_batches < all batches every move is scored on
+the first batches, moves clearly worse than the leader by rate (and, on a finishing step, by loss) are dropped and
+the rest see twice as many batches, until the survivors are ranked on every batch.
 """
 
 from __future__ import annotations
@@ -34,9 +33,11 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
+import torch
 from tqdm.auto import tqdm
 
 from orthorank.search.layer_search import StackRunner
+from orthorank.search.racing import ScoreMemo, race
 from orthorank.bench.cost_table import CostTable, ratio_key
 from orthorank.errors import UserError
 from orthorank.method.plan import REMOVE
@@ -145,8 +146,7 @@ def hybrid_search(runner: StackRunner, table: CostTable, targets: list[float], r
     L = len(runner.layers)
     n_batches = len(runner.batches)
     screen = n_batches if screen_batches is None else max(1, min(screen_batches, n_batches))
-    first_b, rest_b = list(range(screen)), list(range(screen, n_batches))
-    screen_tokens, all_tokens = runner.batch_tokens(first_b), runner.tokens
+    all_tokens = runner.tokens
     steps: list[HybridStep] = []
     pending = list(targets)
     reached_now: list[float] = []
@@ -184,10 +184,10 @@ def hybrid_search(runner: StackRunner, table: CostTable, targets: list[float], r
         layer, action = move
         return None if action == REMOVE else runner.wrap(layer, replace(base, ratio=float(action)))
 
-    def score(moves: list[Move], batches: list[int]) -> dict[Move, dict[int, float]]:
-        mine = {m: runner.batch_losses({**config, m[0]: module(m)}, m[0], batches) for m in dist.shard(moves)}
+    def score(moves: list[Move], batches: list[int]) -> dict[Move, dict[int, torch.Tensor]]:
+        mine = {m: runner.window_losses({**config, m[0]: module(m)}, m[0], batches) for m in dist.shard(moves)}
         runner.evaluations += len(moves)
-        merged: dict[Move, dict[int, float]] = {}
+        merged: dict[Move, dict[int, torch.Tensor]] = {}
         for part in dist.all_gather(mine):
             merged.update(part)
         return merged
@@ -199,59 +199,24 @@ def hybrid_search(runner: StackRunner, table: CostTable, targets: list[float], r
         now_cost = table.model_cost(actions)
         saved = {m: (table.layer_cost(actions.get(m[0])) - table.layer_cost(m[1])) / dense_cost for m in moves}
         speed = {m: dense_cost / (now_cost - saved[m] * dense_cost) for m in moves}
-        base_b = runner.batch_losses(config, L, list(range(n_batches)))  # current config, per batch (head only)
-        first = score(moves, first_b)
-        rest: dict[Move, dict[int, float]] = {}
-
-        def ensure_rest(ms: list[Move]) -> None:
-            need = [m for m in ms if m not in rest]
-            if need and rest_b:
-                rest.update(score(need, rest_b))
-            for m in need:
-                rest.setdefault(m, {})
-
-        def screened_loss(m: Move) -> float:
-            return sum(first[m].values()) / screen_tokens
+        # The current configuration's per-window NLL (the head on the cached final states: no layer re-runs).
+        base_w = torch.cat([w.double() for w in runner.window_losses(config, L, range(n_batches)).values()])
+        scored = ScoreMemo(score)
 
         def full_loss(m: Move) -> float:
-            return (sum(first[m].values()) + sum(rest[m].values())) / all_tokens
-
-        base_screen = sum(base_b[b] for b in first_b) / screen_tokens
-        base_full = sum(base_b.values()) / all_tokens
-
-        def choose(ms: list[Move], screened: Callable[[Move], float], full: Callable[[Move], float],
-                   tie: Callable[[Move], tuple]) -> Move:
-            """The move with the lowest full value, re-checking contenders as in search._screened_choice."""
-            ranked = sorted(ms, key=lambda m: (screened(m), *tie(m)))
-            if not rest_b:
-                return ranked[0]
-            checked: dict[Move, float] = {}
-
-            def check(batch: list[Move]) -> None:
-                ensure_rest(batch)
-                for m in batch:
-                    checked[m] = full(m)
-            check(ranked[:max(2, recheck)])
-            while True:
-                err = [checked[m] - screened(m) for m in checked]
-                low, spread = min(err), max(err) - min(err)
-                best = min(checked.values())
-                more = [m for m in ranked if m not in checked and screened(m) + low - 2 * spread <= best]
-                if not more:
-                    return min(checked, key=lambda m: (checked[m], *tie(m)))
-                check(more)
+            return float(sum(scored([m], list(range(n_batches)))[m].values()).sum()) / all_tokens
 
         tie = lambda m: (-saved[m], *_sort_key(m))  # noqa: E731
-        pick = choose(moves, lambda m: (screened_loss(m) - base_screen) / saved[m],
-                      lambda m: (full_loss(m) - base_full) / saved[m], tie)
+        rates = race(moves, scored, n_batches, screen, recheck, tie,
+                     value=lambda m, w: (w - base_w[:w.numel()]) / saved[m])
+        pick = min(rates, key=lambda m: (rates[m], *tie(m)))
         finishing = False
         reach = [m for m in moves if speed[m] >= pending[0] - 1e-12]
         if reach:
-            fin = choose(reach, screened_loss, full_loss, tie)
-            ensure_rest([pick, fin])
+            losses = race(reach, scored, n_batches, screen, recheck, tie)
+            fin = min(losses, key=lambda m: (losses[m], *tie(m)))
             if full_loss(fin) <= full_loss(pick) + 1e-12:
                 pick, finishing = fin, True
-        ensure_rest([pick])
         layer, after = pick
         before = actions.get(layer)
         actions[layer] = after

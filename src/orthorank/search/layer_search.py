@@ -103,9 +103,14 @@ class StackRunner:
         return h
 
     @torch.no_grad()
+    def _window_nll(self, h: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """Summed next-token NLL of each window: [B] (float64)."""
+        logits = self.adapter.logits(self.model, h)[:, :-1].float()  # [B, T-1, V]
+        nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1), reduction="none")
+        return nll.view(ids.shape[0], -1).double().sum(dim=1)
+
     def _loss(self, h: torch.Tensor, ids: torch.Tensor) -> float:
-        logits = self.adapter.logits(self.model, h)[:, :-1].float()
-        return float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1), reduction="sum"))
+        return float(self._window_nll(h, ids).sum())
 
     @torch.no_grad()
     def cache(self, config: Config, start: int = 0) -> float:
@@ -133,6 +138,12 @@ class StackRunner:
                                 self.batches[b])
         return out
 
+    @torch.no_grad()
+    def window_losses(self, config: Config, start: int, batches) -> dict[int, torch.Tensor]:
+        """Summed calibration NLL of each window of the given batches under `config`: {batch: [windows]}."""
+        return {b: self._window_nll(self._run(config, start, b, self.states[start][b], keep_states=False),
+                                    self.batches[b]) for b in batches}
+
     def batch_tokens(self, batches) -> int:
         return sum(self.batches[b].shape[0] * (self.batches[b].shape[1] - 1) for b in batches)
 
@@ -152,14 +163,16 @@ def greedy_search(
     """SLEB's loop: at each step try the change in every remaining candidate layer and keep the one whose
     calibration loss is lowest (ties: the lower layer index).
 
-    Fast variant (screen_batches < all batches): every candidate is first scored on the first `screen_batches`
-    calibration batches; the `recheck` best are then scored on all batches and the best of those is kept. With
-    screen_batches None (or all batches) every candidate sees every batch: exhaustive greedy.
+    Fast variant (screen_batches < all batches): a race (search/racing.py): every candidate is scored on the first
+    `screen_batches` calibration batches, those clearly worse than the leader (paired per window) are dropped, the
+    rest see twice as many batches, and so on; the `recheck` best so far always go on, and the survivors are ranked
+    on every batch. With screen_batches None (or all batches) every candidate sees every batch: exhaustive greedy.
     Under torchrun the candidates of a step are split across ranks; every rank ends with the same choice.
     With a `checkpoint`, each step is stored as it is chosen and the stored steps of an earlier run are replayed
     first (search/checkpoint.py)."""
     from orthorank import distributed as dist
     from orthorank.search.checkpoint import Checkpoint, stored_steps
+    from orthorank.search.racing import race
 
     start_t = time.perf_counter()
     checkpoint = checkpoint or Checkpoint(None)
@@ -186,30 +199,23 @@ def greedy_search(
         log(f"  resumed {len(replay)} finished step(s) from {checkpoint.folder}: layers {order}")
     n_batches = len(runner.batches)
     screen = n_batches if screen_batches is None else max(1, min(screen_batches, n_batches))
-    all_b, first_b = list(range(n_batches)), list(range(screen))
     steps = min(steps, len(order) + len(remaining))
     bar = tqdm(total=steps, initial=len(order), desc=desc, disable=not progress or not dist.is_main(), leave=True,
                unit="step")
 
-    def score(cands: list[int], batches: list[int]) -> dict[int, dict[int, float]]:
-        mine = {c: runner.batch_losses({**config, c: change(c)}, c, batches) for c in dist.shard(cands)}
+    def score(cands: list[int], batches: list[int]) -> dict[int, dict[int, torch.Tensor]]:
+        mine = {c: runner.window_losses({**config, c: change(c)}, c, batches) for c in dist.shard(cands)}
         runner.evaluations += len(cands)
-        merged: dict[int, dict[int, float]] = {}
+        merged: dict[int, dict[int, torch.Tensor]] = {}
         for part in dist.all_gather(mine):
             merged.update(part)
         return merged
 
     while len(order) < steps:
-        first = score(remaining, first_b)
-        if screen < n_batches:
-            totals = _screened_choice(remaining, first, lambda cs: score(cs, all_b[screen:]), recheck,
-                                      runner.batch_tokens(first_b), runner.tokens)
-        else:
-            totals = {c: sum(first[c].values()) / runner.tokens for c in remaining}
+        totals = race(remaining, score, n_batches, screen, keep=recheck)
         best = min(totals, key=lambda c: (totals[c], c))
-        loss = totals[best]
         config[best] = change(best)
-        runner.cache(config, best)
+        loss = runner.cache(config, best)  # the chosen configuration's mean NLL on every window
         order.append(best)
         losses.append(loss)
         remaining.remove(best)
@@ -221,35 +227,6 @@ def greedy_search(
                 f"({time.perf_counter() - start_t:.0f}s)")
     bar.close()
     return SearchResult(order, losses, dense_loss, time.perf_counter() - start_t, runner.evaluations)
-
-
-def _screened_choice(cands: list[int], first: dict[int, dict[int, float]], score_rest, recheck: int,
-                     screen_tokens: int, all_tokens: int) -> dict[int, float]:
-    """Full calibration losses of the candidates that could be best, judged from their screening losses.
-
-    The `recheck` best by screening loss are scored on all batches. How far a candidate's full loss lies from its
-    screening loss (the error e = full - screen) is seen on those; any other candidate whose screening loss plus the
-    lowest error seen, minus the spread of the errors, still beats the best full loss is re-checked too, until none
-    is left. Where screening ranks well (the real model) a few re-checks suffice; where losses are flat and
-    screening is noisy, this falls back to scoring (nearly) every candidate: the choice of exhaustive greedy."""
-    screened = {c: sum(first[c].values()) / screen_tokens for c in cands}
-    ranked = sorted(cands, key=lambda c: (screened[c], c))
-    full: dict[int, float] = {}
-
-    def check(batch: list[int]) -> None:
-        rest = score_rest(batch)
-        for c in batch:
-            full[c] = (sum(first[c].values()) + sum(rest[c].values())) / all_tokens
-
-    check(ranked[:max(2, recheck)])
-    while True:
-        err = [full[c] - screened[c] for c in full]
-        low, spread = min(err), max(err) - min(err)
-        best = min(full.values())
-        more = [c for c in ranked if c not in full and screened[c] + low - 2 * spread <= best]
-        if not more:
-            return full
-        check(more)
 
 
 def one_shot_ppl(runner: StackRunner, candidates: list[int], progress: bool = True,

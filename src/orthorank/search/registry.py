@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from orthorank.search.racing import ALPHA
 from orthorank.search.layer_search import SearchResult, StackRunner, block_influence, greedy_search, one_shot_ppl
 from orthorank.errors import UserError
 from orthorank.method.cost import Arch
@@ -29,6 +30,8 @@ class SearchMethod:
         if self.greedy:
             out["screen_batches"] = screen
             out["recheck"] = None if screen is None else recheck
+            if screen is not None:
+                out["race_alpha"] = ALPHA
         return out
 
     def layer_count(self, sparsity: float, num_layers: int, ratio: float, match: str = "compute",

@@ -125,12 +125,11 @@ def _hybrid_argv(ctx: StudyContext) -> list[list[str]]:
     return cmds
 
 
-def _last_of(folder: str, name: str, per_level: bool = False):
+def _top_level_output(folder: str, name: str) -> Callable[[StudyContext], Path]:
+    """A per-level stage's last output: the file of the highest claim level (its commands run level by level)."""
     def output(ctx: StudyContext) -> Path:
-        if per_level:
-            level = sparsity_label(ctx.budget.claim_levels[-1])
-            return ctx.out / folder.format(level=level) / name.format(level=level)
-        return ctx.out / folder / name
+        level = sparsity_label(ctx.budget.claim_levels[-1])
+        return ctx.out / folder.format(level=level) / name.format(level=level)
     return output
 
 
@@ -145,10 +144,10 @@ STAGES: list[Stage] = [
           lambda ctx: ctx.out / "perplexity" / "compare.json", _ppl_argv),
     Stage("zeroshot", "zero-shot accuracy on five tasks", lambda ctx: ctx.out / "zeroshot" / "compare.json",
           _zeroshot_argv),
-    Stage("longctx", "the offline long-context suite", _last_of("longctx-{level}", "longctx.json", True),
+    Stage("longctx", "the offline long-context suite", _top_level_output("longctx-{level}", "longctx.json"),
           _longctx_argv),
     Stage("speed", "prefill and decode speed with the saved plans",
-          _last_of("speed", "bench-{level}.json", True), _speed_argv,
+          _top_level_output("speed", "bench-{level}.json"), _speed_argv,
           done=lambda path: path.is_file() and json.loads(path.read_text()).get("complete") is True),
     Stage("hybrid", "the hybrid frontier (remove / select / keep per layer under this machine's cost table)",
           lambda ctx: ctx.out / "hybrid" / "compare.json", _hybrid_argv, lambda b: b.hybrid),
