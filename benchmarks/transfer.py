@@ -29,7 +29,10 @@ MODEL = "smollm2-135m"
 PLANS = ROOT / "plans" / MODEL / "transfer"
 OUT = ROOT / "benchmarks" / "results" / f"transfer-{MODEL}"
 STORE = ROOT / "benchmarks" / "results" / "store"
-COST_TABLE = ROOT / "benchmarks" / "results" / "hybrid-smollm2-135m" / "cost-table.json"
+# The hybrid search's cost table: this study's dtype and evaluation length on the machine that runs it (measured
+# with the searches paused: `orthorank bench --dtype float32 --threads 2 --batch 1 --seq-len 512 --warmup 1
+# --repeats 15 --cost-layers 1,15,28 --cost-table <this>`).
+COST_TABLE = ROOT / "benchmarks" / "results" / "transfer-smollm2-135m" / "cost-table.json"
 SEQ_LEN = 512  # evaluation windows, and the length at which compute is matched
 WINDOWS = 32
 DOMAINS = ("wikitext2", "c4", "code", "news")
