@@ -136,6 +136,20 @@ def test_chunked_package_is_assembled_once_verified_and_never_half_written(tmp_p
         assembled("fakechunks_absent", "pip install fakechunks")
 
 
+def test_naming_a_chunked_package_does_not_assemble_it(tmp_path, monkeypatch):
+    """Commands name a model (to find its plans) before loading it: naming must not join gigabytes of chunks."""
+    from orthorank.cli.common import expected_model_name
+    from orthorank.models.catalog import cache_dir
+
+    payload = b"GGUF" + bytes(range(200))
+    _fake_chunked_package(tmp_path / "pkgs", "fakechunks_named", payload, hashlib.sha256(payload).hexdigest())
+    monkeypatch.syspath_prepend(str(tmp_path / "pkgs"))
+    importlib.invalidate_caches()
+    assert expected_model_name("fakechunks_named") == "fakechunks-named"
+    assert not (cache_dir() / "models").exists() or not any((cache_dir() / "models").iterdir())
+    assert expected_model_name("no_such_package_here") == "no_such_package_here"
+
+
 def test_shipped_names_and_packages_resolve_without_loading():
     from orthorank.cli.common import expected_model_name
     from orthorank.models.catalog import SHIPPED, shipped_by_package

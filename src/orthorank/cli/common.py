@@ -120,17 +120,22 @@ def load_from_args(args) -> LoadedModel:
     return lm
 
 
+def _saved_plan(args, lm: LoadedModel, path) -> Plan:
+    """A plan file checked against the loaded model, with any selection options of the command line applied."""
+    plan = Plan.load(path)
+    plan.check_model(lm.name, lm.signature())
+    overrides = (args.ratio, args.criterion, args.source, args.order, args.decode)
+    if plan.method == "hybrid" and args.ratio is not None:
+        raise UserError("a hybrid plan sets each selection layer's ratio; --ratio does not apply to it")
+    if plan.method in ("orthorank", "hybrid") and (any(v is not None for v in overrides) or args.no_bypass_kv):
+        plan.selection = selection_from_args(args, plan.selection)
+    return plan
+
+
 def plan_from_args(args, lm: LoadedModel) -> Plan:
     """A plan from --plan FILE, or from --method/--layers/--ratio."""
     if args.plan:
-        plan = Plan.load(args.plan)
-        plan.check_model(lm.name, lm.signature())
-        overrides = (args.ratio, args.criterion, args.source, args.order, args.decode)
-        if plan.method == "hybrid" and args.ratio is not None:
-            raise UserError("a hybrid plan sets each selection layer's ratio; --ratio does not apply to it")
-        if plan.method in ("orthorank", "hybrid") and (any(v is not None for v in overrides) or args.no_bypass_kv):
-            plan.selection = selection_from_args(args, plan.selection)
-        return plan
+        return _saved_plan(args, lm, args.plan)
     if args.method == "dense":
         if args.layers:
             raise UserError("--layers needs --method orthorank or prune")
@@ -195,12 +200,5 @@ def check_plan_args(args) -> None:
 def plan_for(args, lm, saved: Path | None) -> Plan:
     """--plan FILE, --method M --sparsity S (saved plan), or --method/--layers as in other commands."""
     if saved is not None:
-        plan = Plan.load(saved)
-        plan.check_model(lm.name, lm.signature())
-        overrides = (args.ratio, args.criterion, args.source, args.order, args.decode)
-        if plan.method == "hybrid" and args.ratio is not None:
-            raise UserError("a hybrid plan sets each selection layer's ratio; --ratio does not apply to it")
-        if plan.method in ("orthorank", "hybrid") and (any(v is not None for v in overrides) or args.no_bypass_kv):
-            plan.selection = selection_from_args(args, plan.selection)
-        return plan
+        return _saved_plan(args, lm, saved)
     return plan_from_args(args, lm)
