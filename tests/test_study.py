@@ -86,7 +86,7 @@ def test_study_end_to_end_resumes_and_summarizes(capsys, tiny_long_folder, tmp_p
     assert code == 0, err
     study = json.loads((out / "study.json").read_text())
     assert study["finished"] == ["sink", "plans", "perplexity", "zeroshot", "longctx", "speed"]
-    assert study["skipped"] == ["hybrid"]  # not part of the test budget
+    assert study["skipped"] == ["hybrid", "transfer"]  # not part of the test budget; runs only when named
     groups = {c["group"] for c in study["claims"]}
     assert groups == {"perplexity", "ablation", "zero-shot", "long inputs", "speed"}
     for c in study["claims"]:  # every verdict is the interval's
@@ -123,6 +123,32 @@ def test_study_end_to_end_resumes_and_summarizes(capsys, tiny_long_folder, tmp_p
                       "--out", out)
     assert_user_error(capsys, "two studies of the same model", "study", "--summary", out, out, "--out",
                       tmp_path / "s2")
+
+
+@pytest.mark.data
+def test_transfer_stage_fits_every_method_per_source_and_renders_the_matrix(capsys, tiny_long_folder, tmp_path,
+                                                                            monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "study"
+    code, stdout, err = run_cli(capsys, "study", "--model", tiny_long_folder, "--budget", "test", "--out", out,
+                                "--stages", "transfer", "--threads", "1")
+    assert code == 0, err
+    matrix = json.loads((out / "transfer" / "transfer.json").read_text())
+    assert list(matrix["settings"]) == ["c4-128", "code-128"]
+    cells = {(c["method"], c["calibration"]) for c in matrix["cells"]}
+    assert cells == {(m, s) for m in ("shortgpt", "shortened-ppl", "orthorank") for s in ("c4-128", "code-128")}
+    for c in matrix["cells"]:
+        assert set(c["ratios"]) == {"wikitext2", "c4", "code", "news"} and c["worst"] is not None
+    code_cells = [c for c in matrix["cells"] if c["calibration"] == "code-128"]
+    assert all(c["in_domain_geomean"] == pytest.approx(c["ratios"]["code"]["ratio"]) for c in code_cells)
+    assert (out / "transfer" / "transfer-0.2.png").is_file()
+    plan = json.loads((tmp_path / "plans" / tiny_long_folder.name / "transfer" / "code-128" / "sleb-0.2.json")
+                      .read_text())
+    assert plan["provenance"]["calibration"]["data"] == "code" and plan["provenance"]["calibration"]["tokens"] == 128
+    assert "Transfer" in (out / "report.html").read_text()
+    code, stdout, err = run_cli(capsys, "study", "--model", tiny_long_folder, "--budget", "test", "--out", out,
+                                "--stages", "transfer", "--threads", "1")
+    assert code == 0 and "transfer: done before" in err
 
 
 def test_study_bad_input(capsys, tmp_path):

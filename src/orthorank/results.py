@@ -62,6 +62,20 @@ def check_writable(path: str | Path | None, overwrite: bool = False) -> None:
 
 
 def atomic_write_text(path: str | Path, text: str) -> Path:
+    """Write a whole text file or nothing (see atomic_write_bytes)."""
+    return atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_save_figure(fig, path: str | Path, **savefig_kwargs) -> Path:
+    """A matplotlib figure as a PNG, written whole or not at all."""
+    import io
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", **savefig_kwargs)
+    return atomic_write_bytes(path, buf.getvalue())
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
     """Write a whole file or nothing: a temporary file beside it, fsync, rename (a reader never sees half a file).
     An unwritable folder or a full disk is a one-line error naming the path."""
     import os
@@ -77,8 +91,8 @@ def atomic_write_text(path: str | Path, text: str) -> Path:
         umask = os.umask(0)
         os.umask(umask)
         os.fchmod(fd, 0o666 & ~umask)  # an ordinary file's mode, not mkstemp's private 0600
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)

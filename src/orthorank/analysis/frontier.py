@@ -61,8 +61,8 @@ def plot_frontier(points: list[FrontierPoint], datasets: list[str], path: str | 
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    from orthorank.results import atomic_save_figure
+
+    path = atomic_save_figure(fig, path, dpi=120)
     plt.close(fig)
     return path

@@ -250,7 +250,9 @@ def _plot(rows, summaries, lengths, path: Path) -> None:
     ax.set_ylabel("accuracy, mean over tasks (%)")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    from orthorank.results import atomic_save_figure
+
+    atomic_save_figure(fig, path, dpi=120)
     plt.close(fig)
 
 

@@ -25,7 +25,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True, help="the study folder (with --summary: the summary's folder)")
     p.add_argument("--budget", default="quick", choices=list(BUDGETS),
                    help="quick (a first run: minutes), standard (what the README reports), full (hours per model)")
-    p.add_argument("--stages", default=None, help=f"comma-separated subset of {', '.join(stage_names())}")
+    p.add_argument("--stages", default=None,
+                   help=f"comma-separated subset of {', '.join(stage_names())} (default: all but transfer, which "
+                        "takes hours per model and runs only when named)")
     p.add_argument("--data-dir", default=None)
     p.add_argument("--store", default=None, help="result store (default: DIR/store)")
     p.add_argument("--summary", nargs="+", default=None, metavar="DIR", help="study folders to summarize")
@@ -60,7 +62,7 @@ def run(args) -> int:
     from orthorank.study.stages import STAGES, StudyContext, run_stage, stage_names
 
     budget = get_budget(args.budget)
-    wanted = stage_names() if args.stages is None else [s.strip() for s in args.stages.split(",") if s.strip()]
+    wanted = stage_names(optional=False) if args.stages is None else [s.strip() for s in args.stages.split(",") if s.strip()]
     unknown = [s for s in wanted if s not in stage_names()]
     if unknown:
         raise UserError(f"unknown stage {', '.join(unknown)}; choose from {', '.join(stage_names())}")

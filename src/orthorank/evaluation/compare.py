@@ -303,8 +303,9 @@ def plot_ppl(rows: list[Row], datasets: list[str], path: Path, arch: Arch, seq_l
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    from orthorank.results import atomic_save_figure
+
+    atomic_save_figure(fig, path, dpi=120)
     plt.close(fig)
     return path
 

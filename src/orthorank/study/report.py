@@ -32,6 +32,8 @@ SECTIONS = [
     ("longctx-*", "Long inputs (offline suite)", ["longctx.md"], ["longctx.png"]),
     ("speed", "Prefill and decode speed", ["*.md"], []),
     ("hybrid", "Hybrid frontier", ["compare.md"], ["compare.png"]),
+    ("transfer", "Transfer: plans calibrated on one source, evaluated on every domain", ["transfer.md"],
+     ["transfer-*.png"]),
     ("sink", "Attention-sink analysis", [], ["*.png"]),
 ]
 

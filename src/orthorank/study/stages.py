@@ -17,6 +17,7 @@ from typing import Callable
 from orthorank.errors import UserError
 from orthorank.method.plan_store import PLANS_DIR, plan_relpath, sparsity_label
 from orthorank.study.budgets import Budget
+from orthorank.study.transfer import render_matrix, transfer_argv, transfer_output
 
 SEARCHED = ("sleb", "shortgpt", "shortened-ppl", "orthorank")  # every method's plan, at every budget level
 DOMAINS = ("wikitext2", "c4", "code", "news")
@@ -55,6 +56,8 @@ class Stage:
     applies: Callable[[Budget], bool] = lambda b: True
     # finished: by default its output exists; a stage whose command rewrites its output as it goes says more
     done: Callable[[Path], bool] = lambda path: path.is_file()
+    finish: Callable[[StudyContext], object] | None = None  # after its commands: what they leave is gathered
+    optional: bool = False  # runs only when --stages names it (hours per model)
 
 
 def _missing_plans(ctx: StudyContext, method: str) -> list[float]:
@@ -112,7 +115,7 @@ def _hybrid_argv(ctx: StudyContext) -> list[list[str]]:
     table = ctx.out / "hybrid" / "cost-table.json"
     cmds = []
     if not table.is_file():
-        cmds.append(["bench", *ctx.common, "--cost-table", str(table)])
+        cmds.append(hybrid_cost_table_argv(ctx, table))
     missing = _missing_plans(ctx, "hybrid")
     if missing:
         cmds.append(["calibrate", *ctx.common, *ctx.data, "--method", "hybrid", "--cost-table", str(table), "--sparsity",
@@ -139,7 +142,7 @@ STAGES: list[Stage] = [
           lambda ctx: [["analyze", *ctx.common, *ctx.data, "--dataset", "wikitext2", "--samples", str(ctx.budget.sink_samples),
                         "--seq-len", "512", "--out", str(ctx.out / "sink"), "--overwrite"]]),
     Stage("plans", "plans of every method at every level (searched once, kept under plans/<model>/)",
-          _plans_output, _plans_argv),
+          _plans_output, _plans_argv, finish=lambda ctx: _write_plans_index(ctx)),
     Stage("perplexity", "perplexity on every domain, paired ratios, worst-domain ratios, the four ablations",
           lambda ctx: ctx.out / "perplexity" / "compare.json", _ppl_argv),
     Stage("zeroshot", "zero-shot accuracy on five tasks", lambda ctx: ctx.out / "zeroshot" / "compare.json",
@@ -151,11 +154,19 @@ STAGES: list[Stage] = [
           done=lambda path: path.is_file() and json.loads(path.read_text()).get("complete") is True),
     Stage("hybrid", "the hybrid frontier (remove / select / keep per layer under this machine's cost table)",
           lambda ctx: ctx.out / "hybrid" / "compare.json", _hybrid_argv, lambda b: b.hybrid),
+    Stage("transfer", "the transfer matrix: every method calibrated on several sources, evaluated on every domain",
+          transfer_output, transfer_argv, lambda b: b.transfer is not None, finish=render_matrix, optional=True),
 ]
 
 
-def stage_names() -> list[str]:
-    return [s.name for s in STAGES]
+def hybrid_cost_table_argv(ctx: StudyContext, table: Path) -> list[str]:
+    """This machine's cost table at the perplexity windows' length, where compute is matched too."""
+    return ["bench", *ctx.common, "--batch", "1", "--seq-len", str(ctx.budget.ppl_seq_len), "--cost-table", str(table)]
+
+
+def stage_names(optional: bool = True) -> list[str]:
+    """Every stage's name; optional=False: those a study runs when --stages is not given."""
+    return [s.name for s in STAGES if optional or not s.optional]
 
 
 def run_stage(ctx: StudyContext, stage: Stage, run_command: Callable[[list[str]], int]) -> float | None:
@@ -171,8 +182,8 @@ def run_stage(ctx: StudyContext, stage: Stage, run_command: Callable[[list[str]]
         if code:
             raise UserError(f"stage {stage.name} stopped: `orthorank {argv[0]}` exited with status {code} (run the "
                             "study again to resume it)")
-    if stage.name == "plans":
-        _write_plans_index(ctx)
+    if stage.finish is not None:
+        stage.finish(ctx)
     return time.time() - started
 
 

@@ -1,0 +1,211 @@
+"""The transfer stage: do plans hold on text they were not fitted to?
+
+Every searched method (and the hybrid plan where the budget has one) is calibrated on each calibration setting
+(source x size) into plans/<model>/transfer/<setting>/, evaluated on every domain into DIR/transfer/<setting>/
+(`orthorank compare`, paired against SLEB calibrated on the same source), and the matrix is rendered into
+DIR/transfer/: per method, level, setting and evaluation domain the paired perplexity ratio against SLEB, the
+worst-domain ratio, and the gap between a method's in-domain and out-of-domain ratios; one heat map per level.
+Everything resumes: searches from their checkpoints, evaluations from the result store, a setting whose plans exist
+is not searched again.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from orthorank.method.plan_store import sparsity_label
+
+if TYPE_CHECKING:
+    from orthorank.study.stages import StudyContext
+
+DOMAINS = ("wikitext2", "c4", "code", "news")
+METHODS = ("sleb", "shortgpt", "shortened-ppl", "orthorank", "hybrid")
+# In-domain: the evaluation domains a calibration source's text comes from (a mix: all of them).
+IN_DOMAIN = {"c4": {"c4"}, "wikitext2": {"wikitext2"}, "code": {"code"}, "news": {"news"},
+             "mix": set(DOMAINS)}
+# Greedy searches race from the first 2K calibration tokens whatever the calibration size (search/racing.py).
+FIRST_RACE_TOKENS = 2048
+CALIB_BATCH = 4
+
+
+@dataclass(frozen=True)
+class TransferSetting:
+    source: str  # a calibration source of `calibrate --calib-data`
+    tokens: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.source}-{self.tokens // 1024}k" if self.tokens % 1024 == 0 else f"{self.source}-{self.tokens}"
+
+    def calibrate_flags(self, seq_len: int) -> list[str]:
+        first = min(1.0, FIRST_RACE_TOKENS / self.tokens)
+        return ["--calib-data", self.source, "--calib-tokens", str(self.tokens), "--seq-len", str(seq_len),
+                "--batch-size", str(CALIB_BATCH), "--screen-fraction", f"{first:g}"]
+
+
+@dataclass(frozen=True)
+class TransferBudget:
+    settings: tuple[TransferSetting, ...]
+    windows: int  # first windows of each domain
+    seq_len: int  # evaluation windows, and the length at which compute is matched
+    levels: tuple[float, ...]  # evaluated levels (plans are searched at every level of the budget)
+    calib_seq_len: int = 256  # calibration windows (batches of CALIB_BATCH)
+    calibrate_extra: tuple[str, ...] = ()
+
+    def caption(self) -> str:
+        return (f"calibration settings {', '.join(s.name for s in self.settings)}; evaluation on the first "
+                f"{self.windows} windows of {self.seq_len} tokens of {', '.join(DOMAINS)} (a slice)")
+
+
+# The issue's matrix: four sources at 8K tokens, and C4 at 2K and 32K for the size effect.
+ISSUE_SETTINGS = (TransferSetting("c4", 8192), TransferSetting("mix", 8192), TransferSetting("code", 8192),
+                  TransferSetting("wikitext2", 8192), TransferSetting("c4", 2048), TransferSetting("c4", 32768))
+
+
+def setting_plans(ctx: StudyContext, setting: TransferSetting) -> Path:
+    return ctx.plans_dir / "transfer" / setting.name
+
+
+def _have(folder: Path, method: str, levels) -> bool:
+    return all((folder / f"{method}-{sparsity_label(s)}.json").is_file() for s in levels)
+
+
+def transfer_argv(ctx: StudyContext) -> list[list[str]]:
+    from orthorank.study.stages import hybrid_cost_table_argv
+
+    b, t = ctx.budget, ctx.budget.transfer
+    table = ctx.out / "hybrid" / "cost-table.json"
+    cmds: list[list[str]] = []
+    if b.hybrid and not table.is_file():
+        cmds.append(hybrid_cost_table_argv(ctx, table))
+    methods = [m for m in METHODS if m != "hybrid" or b.hybrid]
+    for setting in t.settings:
+        plans = setting_plans(ctx, setting)
+        for method in methods:
+            if _have(plans, method, b.levels):
+                continue
+            extra = ["--cost-table", str(table)] if method == "hybrid" else []
+            cmds.append(["calibrate", *ctx.common, *ctx.data, "--method", method, *extra, "--sparsity",
+                         ctx.levels(b.levels), *setting.calibrate_flags(t.calib_seq_len), "--cost-seq-len",
+                         str(t.seq_len), *t.calibrate_extra, "--out-dir", str(plans), *ctx.store_args()])
+        cmds.append(["compare", *ctx.common, *ctx.data, "--methods", ",".join(["dense", *methods]), "--sparsity",
+                     ctx.levels(t.levels), "--datasets", ",".join(DOMAINS), "--seq-len", str(t.seq_len),
+                     "--max-windows", str(t.windows), "--plans-dir", str(plans), *ctx.store_args(),
+                     "--out", str(ctx.out / "transfer" / setting.name), "--overwrite"])
+    return cmds
+
+
+def transfer_output(ctx: StudyContext) -> Path:
+    return ctx.out / "transfer" / "transfer.json"
+
+
+def _ratio(c: dict) -> str:
+    lo, hi = c["ci95"]
+    mark = "**" if lo > 1 or hi < 1 else ""
+    return f"{mark}{c['ratio']:.3f} [{lo:.3f}, {hi:.3f}]{mark}"
+
+
+def _geomean(values: list[float]) -> float | None:
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
+
+
+def render_matrix(ctx: StudyContext) -> dict:
+    """Read every finished setting's compare.json and write DIR/transfer/transfer.{md,json} and one heat map per
+    level; returns what transfer.json holds."""
+    from orthorank.results import atomic_write_text
+
+    t = ctx.budget.transfer
+    out = ctx.out / "transfer"
+    cells, worst, meta = {}, {}, {}
+    for setting in t.settings:
+        path = out / setting.name / "compare.json"
+        if not path.is_file():
+            continue
+        data = json.loads(path.read_text())
+        meta[setting.name] = {"source": setting.source, "tokens": setting.tokens, "windows": data["windows"],
+                              "seq_len": data["seq_len"]}
+        for c in data["comparisons"]:
+            if c["b"] == "sleb" and c["a_level"] == c["b_level"] and "(" not in c["a"]:
+                cells[(c["a"], c["a_level"], setting.name, c["dataset"])] = c
+        for w in data.get("worst_domain", []):
+            worst[(w["method"], w["level"], setting.name)] = w
+    done = [s for s in t.settings if s.name in meta]
+    methods = [m for m in METHODS if m != "sleb"]
+    lines = [f"# Transfer matrix: {ctx.model_name}, paired perplexity ratio against SLEB calibrated on the same "
+             "source", "",
+             f"{t.caption()}; 95% paired bootstrap intervals over windows; ** = the interval excludes 1. Below 1 = "
+             "the method's perplexity is lower than SLEB's. Settings finished: "
+             f"{', '.join(s.name for s in done) or 'none yet'} of {', '.join(s.name for s in t.settings)}.", ""]
+    summary = []
+    for level in t.levels:
+        lines += [f"## {level:g} sparsity", "", "| method | calibration | " + " | ".join(DOMAINS)
+                  + " | worst domain | in-domain mean | out-of-domain mean | gap (out / in) |",
+                  "|---" * (len(DOMAINS) + 6) + "|"]
+        for m in methods:
+            for s in done:
+                row = [cells.get((m, level, s.name, d)) for d in DOMAINS]
+                if not any(row):
+                    continue
+                w = worst.get((m, level, s.name))
+                ins = [c["ratio"] for c, d in zip(row, DOMAINS) if c and d in IN_DOMAIN[s.source]]
+                outs = [c["ratio"] for c, d in zip(row, DOMAINS) if c and d not in IN_DOMAIN[s.source]]
+                gin, gout = _geomean(ins), _geomean(outs)
+                gap = f"{gout / gin:.3f}" if gin and gout else "-"
+                lines.append(f"| {m} | {s.name} | " + " | ".join(_ratio(c) if c else "-" for c in row)
+                             + f" | {(w['worst_dataset'] + ' ' + _ratio(w)) if w else '-'}"
+                             + f" | {f'{gin:.3f}' if gin else '-'} | {f'{gout:.3f}' if gout else '-'} | {gap} |")
+                summary.append({"method": m, "level": level, "calibration": s.name,
+                                "ratios": {d: c for c, d in zip(row, DOMAINS) if c}, "worst": w,
+                                "in_domain_geomean": gin, "out_of_domain_geomean": gout})
+        lines.append("")
+    lines += ["In-domain: the evaluation domains the calibration text comes from (mix: all four, so it has no "
+              "out-of-domain column). Means are geometric means of the point ratios; the gap is out / in (above 1 = "
+              "the method's advantage over SLEB shrinks off its calibration domain)."]
+    result = {"model": ctx.model_name, "settings": meta, "cells": summary, "windows": t.windows,
+              "seq_len": t.seq_len, "domains": list(DOMAINS), "levels": list(t.levels)}
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / "transfer.md", "\n".join(lines) + "\n")
+    _heatmaps(ctx.model_name, cells, done, methods, t.levels, out)
+    atomic_write_text(out / "transfer.json", json.dumps(result, indent=1) + "\n")  # last: it marks the stage done
+    return result
+
+
+def _heatmaps(model: str, cells: dict, done: list[TransferSetting], methods: list[str], levels, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from orthorank.results import atomic_save_figure
+
+    for level in levels:
+        rows = [(m, s.name) for m in methods for s in done if any((m, level, s.name, d) in cells for d in DOMAINS)]
+        if not rows:
+            continue
+        grid = np.full((len(rows), len(DOMAINS)), np.nan)
+        for i, (m, n) in enumerate(rows):
+            for j, d in enumerate(DOMAINS):
+                c = cells.get((m, level, n, d))
+                if c:
+                    grid[i, j] = math.log2(c["ratio"])
+        fig, ax = plt.subplots(figsize=(7, 0.45 * len(rows) + 1.6))
+        lim = max(0.05, float(np.nanmax(np.abs(grid))))
+        im = ax.imshow(grid, cmap="RdBu_r", vmin=-lim, vmax=lim, aspect="auto")
+        for i, (m, n) in enumerate(rows):
+            for j, d in enumerate(DOMAINS):
+                c = cells.get((m, level, n, d))
+                if c:
+                    sig = c["ci95"][0] > 1 or c["ci95"][1] < 1
+                    ax.text(j, i, f"{c['ratio']:.2f}{'*' if sig else ''}", ha="center", va="center", fontsize=7)
+        ax.set_xticks(range(len(DOMAINS)), [f"eval: {d}" for d in DOMAINS], fontsize=8)
+        ax.set_yticks(range(len(rows)), [f"{m} | calib {n}" for m, n in rows], fontsize=7)
+        ax.set_title(f"{model} at {level:g}: perplexity / SLEB's (same calibration); * = 95% CI excludes 1", fontsize=8)
+        fig.colorbar(im, ax=ax, label="log2 ratio (blue: better than SLEB)")
+        fig.tight_layout()
+        atomic_save_figure(fig, out / f"transfer-{sparsity_label(level)}.png", dpi=120)
+        plt.close(fig)
