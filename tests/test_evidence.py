@@ -275,3 +275,22 @@ def test_perplexity_key_changes_with_plan_data_and_dtype():
     assert perplexity_key(m, Plan("prune", [1], "tiny", sig), "wikitext2", stream, 16)["plan"] != base["plan"]
     assert perplexity_key(m, dense, "wikitext2", stream + 1, 16)["stream"] != base["stream"]
     assert perplexity_key(m.to(torch.bfloat16), dense, "wikitext2", stream, 16)["dtype"] != base["dtype"]
+
+
+def test_one_window_or_item_has_no_interval():
+    """A bootstrap over one window is a point: it is reported as n/a, never as [v, v], and decides no claim."""
+    import math
+
+    from orthorank.evaluation.stats import (accuracy_interval, paired_difference, paired_perplexity_ratio,
+                                            perplexity_interval, worst_ratio)
+
+    one = perplexity_interval([1000.0], 511)
+    assert math.isnan(one.low) and one.n == 1 and not one.excludes(1.0)
+    assert one.text(".4f") == f"{math.exp(1000 / 511):.4f} [n/a: 1 window]"
+    assert not paired_perplexity_ratio([1000.0], [900.0], 511).excludes(1.0)
+    assert paired_difference([1.0], [0.0]).text("+.2f", 100, "item") == "+100.00 [n/a: 1 item]"
+    assert math.isnan(accuracy_interval([1.0]).high)
+    worst, _ = worst_ratio([([1000.0, 990.0], [900.0, 905.0], 511), ([1000.0], [900.0], 511)])
+    assert worst.n == 1 and not worst.known
+    two = perplexity_interval([1000.0, 1100.0], 511)
+    assert two.known and two.n == 2 and "n/a" not in two.text()

@@ -134,7 +134,7 @@ def test_transfer_stage_fits_every_method_per_source_and_renders_the_matrix(caps
                                 "--stages", "transfer", "--threads", "1")
     assert code == 0, err
     matrix = json.loads((out / "transfer" / "transfer.json").read_text())
-    assert list(matrix["settings"]) == ["c4-128", "code-128"]
+    assert list(matrix["settings"]) == ["c4-128", "code-128"] and matrix["complete"] is True
     cells = {(c["method"], c["calibration"]) for c in matrix["cells"]}
     assert cells == {(m, s) for m in ("shortgpt", "shortened-ppl", "orthorank") for s in ("c4-128", "code-128")}
     for c in matrix["cells"]:
@@ -149,6 +149,17 @@ def test_transfer_stage_fits_every_method_per_source_and_renders_the_matrix(caps
     code, stdout, err = run_cli(capsys, "study", "--model", tiny_long_folder, "--budget", "test", "--out", out,
                                 "--stages", "transfer", "--threads", "1")
     assert code == 0 and "transfer: done before" in err
+
+    from orthorank.study.budgets import get_budget
+    from orthorank.study.stages import StudyContext
+    from orthorank.study.transfer import render_matrix, transfer_done
+
+    (out / "transfer" / "code-128" / "compare.json").unlink()  # as after the first setting's evaluation
+    ctx = StudyContext(str(tiny_long_folder), tiny_long_folder.name, out, get_budget("test"), [], [], None,
+                       tmp_path / "plans")
+    partial = render_matrix(ctx)
+    assert list(partial["settings"]) == ["c4-128"] and partial["complete"] is False
+    assert not transfer_done(out / "transfer" / "transfer.json")  # a partial matrix does not finish the stage
 
 
 def test_study_bad_input(capsys, tmp_path):

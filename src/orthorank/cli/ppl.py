@@ -53,7 +53,7 @@ def run(args) -> int:
     ci = perplexity_interval(nll.numpy(), args.seq_len - 1)
     sparsity = plan.sparsity(arch, args.seq_len)
     layers = ",".join(map(str, plan.layers)) or "-"
-    print(f"{args.dataset} perplexity {ci.value:.4f} [95% CI {ci.low:.4f}, {ci.high:.4f}]  (method {plan.method}, "
+    print(f"{args.dataset} perplexity {ci.text('.4f')} (95% CI)  (method {plan.method}, "
           f"layers {layers}, sparsity nominal {sparsity['nominal']:.3f} / compute {sparsity['compute']:.3f}, "
           f"{windows.shape[0]} windows x {args.seq_len} tokens, {seconds:.1f}s)")
     result = {"perplexity": ci.value, "ci95": [ci.low, ci.high], "mean_nll": float(nll.sum()) / nll.numel() /

@@ -133,7 +133,7 @@ def _report(args, ctx, seconds: dict[str, float], total: float) -> None:
     from orthorank.results import atomic_write_text
 
     atomic_write_text(timing_file, json.dumps(all_seconds, indent=1) + "\n")
-    finished = [s.name for s in STAGES if s.output(ctx).is_file()]
+    finished = [s.name for s in STAGES if s.done(s.output(ctx))]
     study = {"model": ctx.model_name, "spec": ctx.model, "loaded": lm.description(), "budget": ctx.budget.to_json(),
              "budget_caption": ctx.budget.caption(), "finished": finished,
              "skipped": [s.name for s in STAGES if s.name not in finished], "claims": claims, "tally": tally(claims),

@@ -227,14 +227,14 @@ def worst_domain_table(worst: list[WorstDomain]) -> str:
     head = ["row", "level", "vs", "worst dataset", "worst ratio [95% CI]", "verdict"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for w in worst:
-        text = f"{w.ratio.value:.3f} [{w.ratio.low:.3f}, {w.ratio.high:.3f}]"
+        text = w.ratio.text(".3f")
         lines.append("| " + " | ".join([w.row.method, f"{w.row.level:g}", w.reference.method, w.dataset,
                                         f"**{text}**" if w.ratio.excludes(1.0) else text, w.verdict]) + " |")
     return "\n".join(lines)
 
 
 def _ci(ci: Interval) -> str:
-    return f"{ci.value:.2f} [{ci.low:.2f}, {ci.high:.2f}]"
+    return ci.text(".2f")
 
 
 def markdown_table(rows: list[Row], datasets: list[str], arch: Arch, seq_len: int) -> str:
@@ -265,7 +265,7 @@ def comparison_table(comps: list[Comparison], datasets: list[str]) -> str:
             if c is None:
                 cells.append("-")
                 continue
-            text = f"{c.ratio.value:.3f} [{c.ratio.low:.3f}, {c.ratio.high:.3f}]"
+            text = c.ratio.text(".3f")
             cells.append(f"**{text}**" if c.ratio.excludes(1.0) else text)
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

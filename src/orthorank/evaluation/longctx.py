@@ -10,7 +10,7 @@ import numpy as np
 from torch import nn
 
 from orthorank.evaluation.generation import generate_rows
-from orthorank.evaluation.stats import accuracy_interval, paired_difference
+from orthorank.evaluation.stats import Interval, accuracy_interval, paired_difference
 from orthorank.method.apply import apply_plan, restore_dense
 from orthorank.method.plan import Plan
 
@@ -102,14 +102,15 @@ def summarize(scores: dict[str, list[float]], reference: dict[str, list[float]] 
 def fmt(entry: dict[str, Any] | None) -> str:
     if entry is None:
         return "-"
-    return f"{entry['mean']:.1f} [{entry['low']:.1f}, {entry['high']:.1f}]"
+    return Interval(entry["mean"], entry["low"], entry["high"], n=entry.get("n")).text(".1f", unit="sample")
 
 
 def fmt_diff(entry: dict[str, Any] | None) -> str:
     if entry is None or "diff" not in entry:
         return "-"
     d = entry["diff"]
-    return f"{d['value']:+.1f} [{d['low']:+.1f}, {d['high']:+.1f}]" + (" **" if d["excludes_zero"] else "")
+    return (Interval(d["value"], d["low"], d["high"], n=entry.get("n")).text("+.1f", unit="sample")
+            + (" **" if d["excludes_zero"] else ""))
 
 
 def grouped(results: dict[str, dict], group_of: Callable[[str], str]) -> dict[str, list[float]]:

@@ -19,19 +19,43 @@ DEFAULT_ITERS = 10_000
 DEFAULT_LEVEL = 0.95
 
 
+MIN_SAMPLE = 2  # below this a bootstrap interval is a point, which claims a certainty the sample does not have
+
+
 @dataclass(frozen=True)
 class Interval:
     value: float
-    low: float
+    low: float  # NaN where the sample is too small for an interval (n < MIN_SAMPLE)
     high: float
     level: float = DEFAULT_LEVEL
+    n: int | None = None  # windows or items it comes from (the smallest domain's, for a worst-domain ratio)
+
+    @property
+    def known(self) -> bool:
+        return not (math.isnan(self.low) or math.isnan(self.high))
 
     def excludes(self, null: float) -> bool:
-        """True when the interval lies entirely on one side of `null` (a difference the sample supports)."""
-        return self.low > null or self.high < null
+        """True when the interval lies entirely on one side of `null` (a difference the sample supports); never
+        for an unknown interval."""
+        return self.known and (self.low > null or self.high < null)
+
+    def text(self, fmt: str = ".2f", scale: float = 1.0, unit: str = "window") -> str:
+        """'36.63 [32.12, 42.32]', or '73.41 [n/a: 1 window]' where the sample is too small for an interval."""
+        v = format(scale * self.value, fmt)
+        if not self.known:
+            if self.n is None:
+                return f"{v} [n/a]"
+            return f"{v} [n/a: {self.n} {unit}{'' if self.n == 1 else 's'}]"
+        return f"{v} [{format(scale * self.low, fmt)}, {format(scale * self.high, fmt)}]"
 
     def to_dict(self) -> dict[str, float]:
         return {k: (round(v, 6) if isinstance(v, float) else v) for k, v in asdict(self).items()}
+
+
+def _interval(value: float, draws: np.ndarray, level: float, n: int) -> Interval:
+    if n < MIN_SAMPLE:
+        return Interval(value, math.nan, math.nan, level, n)
+    return Interval(value, *_percentiles(draws, level), level, n)
 
 
 def resample_indices(n: int, iters: int = DEFAULT_ITERS, seed: int = 0) -> np.ndarray:
@@ -55,7 +79,7 @@ def perplexity_interval(nll: np.ndarray | list[float], tokens: np.ndarray | list
     value = math.exp(nll.sum() / tok.sum())
     idx = resample_indices(nll.size, iters, seed)
     draws = np.exp(nll[idx].sum(1) / tok[idx].sum(1))
-    return Interval(value, *_percentiles(draws, level), level)
+    return _interval(value, draws, level, nll.size)
 
 
 def paired_perplexity_ratio(nll_a, nll_b, tokens, *, iters: int = DEFAULT_ITERS, seed: int = 0,
@@ -69,7 +93,7 @@ def paired_perplexity_ratio(nll_a, nll_b, tokens, *, iters: int = DEFAULT_ITERS,
     value = math.exp((a.sum() - b.sum()) / tok.sum())
     idx = resample_indices(a.size, iters, seed)
     draws = np.exp((a[idx].sum(1) - b[idx].sum(1)) / tok[idx].sum(1))
-    return Interval(value, *_percentiles(draws, level), level)
+    return _interval(value, draws, level, a.size)
 
 
 def mean_stderr(outcomes) -> float:
@@ -84,7 +108,7 @@ def accuracy_interval(outcomes, *, iters: int = DEFAULT_ITERS, seed: int = 0,
                       level: float = DEFAULT_LEVEL) -> Interval:
     x = np.asarray(outcomes, dtype=np.float64)
     idx = resample_indices(x.size, iters, seed)
-    return Interval(float(x.mean()), *_percentiles(x[idx].mean(1), level), level)
+    return _interval(float(x.mean()), x[idx].mean(1), level, x.size)
 
 
 def paired_difference(a, b, *, iters: int = DEFAULT_ITERS, seed: int = 0, level: float = DEFAULT_LEVEL) -> Interval:
@@ -95,7 +119,7 @@ def paired_difference(a, b, *, iters: int = DEFAULT_ITERS, seed: int = 0, level:
         raise ValueError(f"paired comparison needs the same items: {a.shape} vs {b.shape}")
     d = a - b
     idx = resample_indices(d.size, iters, seed)
-    return Interval(float(d.mean()), *_percentiles(d[idx].mean(1), level), level)
+    return _interval(float(d.mean()), d[idx].mean(1), level, d.size)
 
 
 def worst_ratio(pairs: list[tuple], *, iters: int = DEFAULT_ITERS, seed: int = 0,
@@ -107,13 +131,14 @@ def worst_ratio(pairs: list[tuple], *, iters: int = DEFAULT_ITERS, seed: int = 0
     windows are) and takes the largest ratio, so it accounts for picking the worst of several noisy ratios."""
     if not pairs:
         raise ValueError("no domains to take the worst of")
-    values, draws = [], []
+    values, draws, sizes = [], [], []
     for k, (a, b, tokens) in enumerate(pairs):
         a = np.asarray(a, dtype=np.float64)
         b = np.asarray(b, dtype=np.float64)
         tok = np.broadcast_to(np.asarray(tokens, dtype=np.float64), a.shape)
         values.append(math.exp((a.sum() - b.sum()) / tok.sum()))
+        sizes.append(a.size)
         idx = resample_indices(a.size, iters, seed + k)
         draws.append(np.exp((a[idx].sum(1) - b[idx].sum(1)) / tok[idx].sum(1)))
     worst = int(np.argmax(values))
-    return Interval(values[worst], *_percentiles(np.max(np.stack(draws), axis=0), level), level), worst
+    return _interval(values[worst], np.max(np.stack(draws), axis=0), level, min(sizes)), worst

@@ -89,7 +89,9 @@ def _img(path: Path, figure: str) -> str:
 
 
 def _fmt_claim(c: dict[str, Any]) -> str:
-    return f"{c['value']:.3f} [{c['low']:.3f}, {c['high']:.3f}]"
+    from orthorank.evaluation.stats import Interval
+
+    return Interval(c["value"], c["low"], c["high"]).text(".3f")
 
 
 def claims_table(claims: list[dict[str, Any]]) -> str:

@@ -17,7 +17,7 @@ from typing import Callable
 from orthorank.errors import UserError
 from orthorank.method.plan_store import PLANS_DIR, plan_relpath, sparsity_label
 from orthorank.study.budgets import Budget
-from orthorank.study.transfer import render_matrix, transfer_argv, transfer_output
+from orthorank.study.transfer import after_command, render_matrix, transfer_argv, transfer_done, transfer_output
 
 SEARCHED = ("sleb", "shortgpt", "shortened-ppl", "orthorank")  # every method's plan, at every budget level
 DOMAINS = ("wikitext2", "c4", "code", "news")
@@ -57,6 +57,7 @@ class Stage:
     # finished: by default its output exists; a stage whose command rewrites its output as it goes says more
     done: Callable[[Path], bool] = lambda path: path.is_file()
     finish: Callable[[StudyContext], object] | None = None  # after its commands: what they leave is gathered
+    after_command: Callable[[StudyContext, list[str]], object] | None = None  # after each of them
     optional: bool = False  # runs only when --stages names it (hours per model)
 
 
@@ -155,7 +156,8 @@ STAGES: list[Stage] = [
     Stage("hybrid", "the hybrid frontier (remove / select / keep per layer under this machine's cost table)",
           lambda ctx: ctx.out / "hybrid" / "compare.json", _hybrid_argv, lambda b: b.hybrid),
     Stage("transfer", "the transfer matrix: every method calibrated on several sources, evaluated on every domain",
-          transfer_output, transfer_argv, lambda b: b.transfer is not None, finish=render_matrix, optional=True),
+          transfer_output, transfer_argv, lambda b: b.transfer is not None, transfer_done, finish=render_matrix,
+          after_command=after_command, optional=True),
 ]
 
 
@@ -182,6 +184,8 @@ def run_stage(ctx: StudyContext, stage: Stage, run_command: Callable[[list[str]]
         if code:
             raise UserError(f"stage {stage.name} stopped: `orthorank {argv[0]}` exited with status {code} (run the "
                             "study again to resume it)")
+        if stage.after_command is not None:
+            stage.after_command(ctx, argv)
     if stage.finish is not None:
         stage.finish(ctx)
     return time.time() - started

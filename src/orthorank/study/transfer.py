@@ -166,12 +166,23 @@ def render_matrix(ctx: StudyContext) -> dict:
               "out-of-domain column). Means are geometric means of the point ratios; the gap is out / in (above 1 = "
               "the method's advantage over SLEB shrinks off its calibration domain)."]
     result = {"model": ctx.model_name, "settings": meta, "cells": summary, "windows": t.windows,
-              "seq_len": t.seq_len, "domains": list(DOMAINS), "levels": list(t.levels)}
+              "seq_len": t.seq_len, "domains": list(DOMAINS), "levels": list(t.levels),
+              "complete": len(done) == len(t.settings)}  # a partial matrix is rendered after every setting
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "transfer.md", "\n".join(lines) + "\n")
     _heatmaps(ctx.model_name, cells, done, methods, t.levels, out)
-    atomic_write_text(out / "transfer.json", json.dumps(result, indent=1) + "\n")  # last: it marks the stage done
+    atomic_write_text(out / "transfer.json", json.dumps(result, indent=1) + "\n")
     return result
+
+
+def transfer_done(path: Path) -> bool:
+    return path.is_file() and json.loads(path.read_text()).get("complete") is True
+
+
+def after_command(ctx: StudyContext, argv: list[str]) -> None:
+    """Each finished setting's evaluation renders the matrix so far, so partial matrices can be committed."""
+    if argv[0] == "compare":
+        render_matrix(ctx)
 
 
 def _heatmaps(model: str, cells: dict, done: list[TransferSetting], methods: list[str], levels, out: Path) -> None:

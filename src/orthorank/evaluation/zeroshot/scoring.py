@@ -241,11 +241,11 @@ def zeroshot_report(zs: dict[int, dict[str, dict]], rows, tasks: list[str], limi
                 for t in tasks:
                     ci = paired_difference(zs[ri][t][use[t]], zs[rj][t][use[t]])
                     comp[t] = ci
-                    text = f"{100 * ci.value:+.2f} [{100 * ci.low:+.2f}, {100 * ci.high:+.2f}]"
+                    text = ci.text("+.2f", 100, "item")
                     cells.append(f"**{text}**" if ci.excludes(0.0) else text)
                 # mean over tasks: difference of task means, items resampled within each task (paired)
                 ci_mean = _mean_over_tasks(zs[ri], zs[rj], tasks, use)
-                text = f"{100 * ci_mean.value:+.2f} [{100 * ci_mean.low:+.2f}, {100 * ci_mean.high:+.2f}]"
+                text = ci_mean.text("+.2f", 100, "item")
                 cells.append(f"**{text}**" if ci_mean.excludes(0.0) else text)
                 lines.append("| " + " | ".join(cells) + " |")
                 data["comparisons"].append({"a": row.method, "b": ref.method, "level": row.level, "metric": metric,
@@ -259,7 +259,7 @@ def _same_len(res: dict, tasks: list[str]) -> bool:
 
 
 def _mean_over_tasks(a: dict, b: dict, tasks: list[str], use: dict[str, str], iters: int = 10_000, seed: int = 0):
-    from orthorank.evaluation.stats import Interval, _percentiles, resample_indices
+    from orthorank.evaluation.stats import _interval, resample_indices
 
     value = float(np.mean([a[t][use[t]].mean() - b[t][use[t]].mean() for t in tasks]))
     draws = np.zeros(iters)
@@ -267,4 +267,4 @@ def _mean_over_tasks(a: dict, b: dict, tasks: list[str], use: dict[str, str], it
         d = a[t][use[t]] - b[t][use[t]]
         draws += d[resample_indices(d.size, iters, seed + k)].mean(1)
     draws /= len(tasks)
-    return Interval(value, *_percentiles(draws, 0.95))
+    return _interval(value, draws, 0.95, min(a[t][use[t]].size for t in tasks))
