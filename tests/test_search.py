@@ -238,3 +238,14 @@ def test_race_never_keeps_fewer_than_keep():
     assert 0 in kept and len(kept) == 3  # the 3 best so far always go on
     score, calls, table, n = _constructed_scores(means)
     assert set(race(list(means), score, n, first=n)) == set(means)  # first chunk = every batch: exhaustive
+
+
+def test_race_stops_when_one_candidate_is_left():
+    from orthorank.search.racing import race
+
+    means = {c: 0.0 if c == 2 else 5.0 for c in range(10)}
+    score, calls, table, n = _constructed_scores(means)
+    trace = []
+    totals = race(list(means), score, n, first=2, keep=1, trace=trace)
+    assert list(totals) == [2] and trace == [(2, 10)]  # the others dropped after 8 windows: nothing more scored
+    assert totals[2] == pytest.approx(float(table[2][:2].sum()))

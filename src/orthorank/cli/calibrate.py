@@ -68,8 +68,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "first, those clearly worse than the leader (paired t-test per window) are dropped and the "
                         "rest see twice as many batches, until all are seen (default %(default)s; 1 = exhaustive)")
     p.add_argument("--exhaustive", action="store_true", help="score every candidate on every calibration batch")
-    p.add_argument("--recheck", type=positive_int, default=3,
-                   help="a race never drops the best N so far: they are always scored on every batch")
+    p.add_argument("--recheck", type=positive_int, default=1,
+                   help="a race never drops the best N so far: they are always scored on every batch (default 1: "
+                        "only the paired test drops candidates; each kept one costs a pass over every batch)")
     p.add_argument("--measure-speed", type=int, default=5, metavar="N",
                    help="time one prefill of --cost-seq-len tokens under each plan and dense, N interleaved repeats, "
                         "and record the measured speed-up in the plan (0: do not time; --match speed needs N >= 3)")

@@ -212,7 +212,8 @@ def greedy_search(
         return merged
 
     while len(order) < steps:
-        totals = race(remaining, score, n_batches, screen, keep=recheck)
+        trace: list[tuple[int, int]] = []
+        totals = race(remaining, score, n_batches, screen, keep=recheck, trace=trace)
         best = min(totals, key=lambda c: (totals[c], c))
         config[best] = change(best)
         loss = runner.cache(config, best)  # the chosen configuration's mean NLL on every window
@@ -223,7 +224,8 @@ def greedy_search(
         bar.update(1)
         bar.set_postfix(layer=best, loss=f"{loss:.4f}")
         if log is not None and dist.is_main():
-            log(f"  step {len(order)}: layer {best}, calibration loss {loss:.4f} "
+            raced = "" if len(trace) < 2 else " (race: " + ", ".join(f"{n} on {b}" for b, n in trace) + " batches)"
+            log(f"  step {len(order)}: layer {best}, calibration loss {loss:.4f}{raced} "
                 f"({time.perf_counter() - start_t:.0f}s)")
     bar.close()
     return SearchResult(order, losses, dense_loss, time.perf_counter() - start_t, runner.evaluations)

@@ -72,15 +72,16 @@ class ScoreMemo:
 
 def race(candidates: Sequence[K], score: Callable[[list[K], list[int]], Scores], n_batches: int, first: int,
          keep: int = 3, tie: Callable[[K], tuple] = lambda c: (c,),
-         value: Callable[[K, torch.Tensor], torch.Tensor] | None = None) -> dict[K, float]:
+         value: Callable[[K, torch.Tensor], torch.Tensor] | None = None,
+         trace: list[tuple[int, int]] | None = None) -> dict[K, float]:
     """Race `candidates` over calibration batches 0..n_batches-1.
 
     score(cands, batches) -> {cand: {batch: per-window summed NLL [windows]}}. Batches are scored in chunks
     (first, then doubling); after each chunk every candidate clearly worse than the leader (lowest total so far,
     paired per window) is dropped, never leaving fewer than `keep` (the best by total so far). `value` maps a
     candidate's per-window NLL (windows of batches 0.. in order) to what is minimized (default: the NLL itself).
-    Returns each survivor's value summed over every window: min(..., key=(value, tie)) is exhaustive greedy's choice
-    unless the race dropped it."""
+    Returns each survivor's value summed over every window (a lone winner's over the windows it was scored on):
+    min(..., key=(value, tie)) is exhaustive greedy's choice unless the race dropped it. `trace` (if given) gets (batches seen, candidates scored on them) per chunk."""
     value = value or (lambda c, w: w)
     nll: dict[K, list[torch.Tensor]] = {c: [] for c in candidates}
     alive = list(candidates)
@@ -88,6 +89,8 @@ def race(candidates: Sequence[K], score: Callable[[list[K], list[int]], Scores],
     chunk_end = max(1, min(first, n_batches))
     while True:
         got = score(alive, list(range(seen, chunk_end)))
+        if trace is not None:
+            trace.append((chunk_end, len(alive)))
         for c in alive:
             nll[c] += [got[c][b].reshape(-1).double() for b in range(seen, chunk_end)]
         seen = chunk_end
@@ -97,4 +100,6 @@ def race(candidates: Sequence[K], score: Callable[[list[K], list[int]], Scores],
         ranked = sorted(alive, key=lambda c: (float(values[c].sum()), *tie(c)))
         leader = values[ranked[0]]
         alive = ranked[:keep] + [c for c in ranked[keep:] if not clearly_worse(values[c] - leader)]
+        if len(alive) == 1:  # the winner: no other candidate needs more windows (its full loss is the caller's)
+            return {alive[0]: float(values[alive[0]].sum())}
         chunk_end = min(n_batches, 2 * seen)
