@@ -14,7 +14,6 @@ import itertools
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,9 +65,6 @@ def main() -> int:
     p.add_argument("--store", default=str(ROOT / "benchmarks/results/store"))
     args = p.parse_args()
 
-    import torch
-
-    torch.set_num_threads(args.threads)
     out = Path(args.out)
     sizes = [tuple(int(v) for v in s.split("x")) for s in args.sizes.split(",")]
     seeds = [int(s) for s in args.seeds.split(",")]
@@ -78,48 +74,48 @@ def main() -> int:
     if args.search_only:
         return 0
 
-    from orthorank.evaluation.data import load_eval_text
-    from orthorank.evaluation.perplexity import eval_stream, make_windows, perplexity_key, stored_window_nll
-    from orthorank.evaluation.stats import perplexity_interval
-    from orthorank.method.apply import apply_plan, restore_dense
-    from orthorank.method.plan import Plan
-    from orthorank.models.loading import load_model
-    from orthorank.results import environment
-    from orthorank.store import ResultStore, model_fingerprint
+    from orthorank.results import atomic_write_text, environment
 
-    lm = load_model("smollm2-135m", device="cpu", dtype=args.dtype)
-    store = ResultStore(args.store)
-    fp = model_fingerprint(lm.model)
-    seq = 2048
-    streams = {d: eval_stream(lm.tokenizer, d, load_eval_text(d), seq) for d in ("wikitext2", "c4")}
-    windows = {d: make_windows(s, seq) for d, s in streams.items()}
-    rows = []
-    plans = [("dense", None, None, Plan("dense", [], lm.name, lm.signature()))]
+    # Each calibration's plans are evaluated by `orthorank compare` (through the result store); dense once.
+    rows = [_rows(args, "dense", None, None, run_compare(args, "dense", None, out / "eval" / "dense"))[0]]
     for (n, t, seed), d in plan_dirs.items():
-        for s in args.sparsity.split(","):
-            plans.append((f"{n}x{t}", seed, float(s), Plan.load(d / f"orthorank-{s}.json")))
-    for size, seed, sparsity, plan in plans:
-        apply_plan(lm.model, plan)
-        row = {"size": size, "seed": seed, "sparsity": sparsity, "layers": plan.layers,
-               "search_seconds": plan.provenance.get("search_seconds"),
-               "compute_sparsity": plan.compute_sparsity(seq_len=seq) if plan.arch else 0.0}
-        for d, w in windows.items():
-            ns = store.namespace("perplexity", perplexity_key(lm.model, plan, d, streams[d], seq, fp))
-            nll = stored_window_nll(lm.model, w[: args.eval_windows], ns, 1, progress=True,
-                                    desc=f"{size} seed {seed} {sparsity} {d}")
-            ci = perplexity_interval(nll.numpy(), seq - 1)
-            row[d] = ci.to_dict()
-            row[f"{d}_nll"] = nll.tolist()
-        restore_dense(lm.model)
-        rows.append(row)
+        rows += _rows(args, f"{n}x{t}", seed, d, run_compare(args, "orthorank", d, out / "eval" / d.name))
+    for row in rows:
         print(json.dumps({k: v for k, v in row.items() if not k.endswith("_nll")}), flush=True)
     summary = summarize(rows, sizes, args)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "summary.json").write_text(json.dumps({"rows": rows, "summary": summary, "settings": vars(args),
-                                                  "environment": environment("cpu")}, indent=1) + "\n")
-    (out / "summary.md").write_text(summary["markdown"] + "\n")
+    atomic_write_text(out / "summary.json", json.dumps({"rows": rows, "summary": summary, "settings": vars(args),
+                                                        "environment": environment("cpu")}, indent=1) + "\n")
+    atomic_write_text(out / "summary.md", summary["markdown"] + "\n")
     print(summary["markdown"])
     return 0
+
+
+def run_compare(args, method: str, plans: Path | None, out: Path) -> dict:
+    cmd = [sys.executable, "-m", "orthorank.cli.main", "compare", "--model", "smollm2-135m", "--dtype", args.dtype,
+           "--threads", str(args.threads), "--methods", method, "--datasets", "wikitext2,c4", "--seq-len", "2048",
+           "--max-windows", str(args.eval_windows), "--store", args.store, "--out", str(out), "--overwrite"]
+    if plans is not None:
+        cmd += ["--sparsity", args.sparsity, "--plans-dir", str(plans)]
+    print("+", " ".join(cmd[2:]), flush=True)
+    subprocess.run(cmd, check=True, cwd=ROOT)
+    return json.loads((out / "compare.json").read_text())
+
+
+def _rows(args, size: str, seed: int | None, plans: Path | None, result: dict) -> list[dict]:
+    """compare.json rows -> this study's rows (interval and window NLLs per dataset)."""
+    out = []
+    for r in result["rows"]:
+        plan = json.loads((plans / f"orthorank-{r['level']:g}.json").read_text()) if plans is not None else None
+        row = {"size": size, "seed": seed, "sparsity": r["level"] if plans is not None else None,
+               "layers": r["layers"], "compute_sparsity": r["sparsity"]["compute"],
+               "search_seconds": plan["provenance"].get("search_seconds") if plan else None}
+        for d in ("wikitext2", "c4"):
+            lo, hi = r[d]["ci95"]
+            row[d] = {"value": r[d]["perplexity"], "low": lo, "high": hi, "level": 0.95}
+            row[f"{d}_nll"] = r[d]["window_nll"]
+        out.append(row)
+    return out
 
 
 def summarize(rows, sizes, args) -> dict:
