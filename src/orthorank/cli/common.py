@@ -56,7 +56,14 @@ def add_selection_args(p: argparse.ArgumentParser) -> None:
                    "(default 0.33)")
     p.add_argument("--criterion", choices=CRITERIA, default=None, help="|<x_sink,x_i>| (dot) or |cos|")
     p.add_argument("--source", choices=SOURCES, default=None, help="score normalized (default) or raw states")
-    p.add_argument("--order", choices=ORDERS, default=None, help="orthogonal (method), random, inverse (ablations)")
+    p.add_argument("--policy", "--order", dest="order", default=None, metavar="NAME",
+                   help=f"which tokens a selection layer updates: {', '.join(ORDERS)} (default orthogonal, the "
+                        "paper's; random and inverse are its ablations; oracle runs the layer densely: an upper "
+                        "bound, never a speed-up)")
+    p.add_argument("--keep-recent", type=int, default=None, metavar="W",
+                   help="always update the last W real tokens (within the K updated)")
+    p.add_argument("--keep-first", type=int, default=None, metavar="W",
+                   help="always update the first W real tokens after the sink (within the K updated)")
     p.add_argument("--no-bypass-kv", action="store_true", help="ablation: bypassed tokens give no K/V")
     p.add_argument("--decode", choices=DECODE_MODES, default=None, help="behaviour when decoding one token")
 
@@ -102,6 +109,8 @@ def selection_from_args(args, base: SelectionConfig | None = None) -> SelectionC
         bypass_kv=base.bypass_kv and not args.no_bypass_kv,
         decode=args.decode or base.decode,
         seed=args.seed,
+        keep_recent=args.keep_recent if args.keep_recent is not None else base.keep_recent,
+        keep_first=args.keep_first if args.keep_first is not None else base.keep_first,
     )
 
 
@@ -124,7 +133,8 @@ def _saved_plan(args, lm: LoadedModel, path) -> Plan:
     """A plan file checked against the loaded model, with any selection options of the command line applied."""
     plan = Plan.load(path)
     plan.check_model(lm.name, lm.signature())
-    overrides = (args.ratio, args.criterion, args.source, args.order, args.decode)
+    overrides = (args.ratio, args.criterion, args.source, args.order, args.decode, args.keep_recent,
+                 args.keep_first)
     if plan.method == "hybrid" and args.ratio is not None:
         raise UserError("a hybrid plan sets each selection layer's ratio; --ratio does not apply to it")
     if plan.method in ("orthorank", "hybrid") and (any(v is not None for v in overrides) or args.no_bypass_kv):

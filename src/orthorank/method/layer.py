@@ -25,11 +25,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from orthorank.method.attention import backend_for, selective_attention
+from orthorank.method.policies import always_update, policy_keys
 from orthorank.method.selection import (
     SelectionConfig,
     keep_count,
     keep_to_indices,
-    rank_keys,
     random_keys,
     sequence_seed,
     sink_scores,
@@ -199,6 +199,7 @@ class SelectiveLayer:
         self._last: tuple[torch.Tensor, torch.Tensor | None, int] | None = None
         self._call: _RowCall | None = None  # the selective call in progress, read by the attention router
         self._routed = False
+        self._update_norms: torch.Tensor | None = None  # the oracle's ||f(x) - x|| during its selection
 
     @property
     def backend(self) -> str:
@@ -217,7 +218,9 @@ class SelectiveLayer:
     def __repr__(self) -> str:
         c = self.config
         return (f"SelectiveLayer(layer={self.layer_index}, ratio={c.ratio}, criterion={c.criterion}, "
-                f"source={c.source}, order={c.order}, bypass_kv={c.bypass_kv}, decode={c.decode})")
+                f"source={c.source}, policy={c.order}, bypass_kv={c.bypass_kv}, decode={c.decode}"
+                + (f", keep_recent={c.keep_recent}" if c.keep_recent else "")
+                + (f", keep_first={c.keep_first}" if c.keep_first else "") + ")")
 
     # -- selection -----------------------------------------------------------------------------------------------
 
@@ -228,10 +231,16 @@ class SelectiveLayer:
         return self._select(h, x, past, facts)
 
     def _scores(self, src: torch.Tensor, sink: torch.Tensor, facts: _Facts, B: int, T: int, past: int):
+        """The policy's ascending keys [B, T], with the modifiers' always-updated tokens first."""
         cfg = self.config
-        scores = sink_scores(src, sink, cfg.criterion)
-        check_finite(scores if facts.valid is None else scores.masked_fill(~facts.valid, 0.0), self.layer_index)
-        return rank_keys(scores, cfg.order, self._random_draw(facts, B, T, past))
+        scores = sink_scores(src, sink, cfg.criterion) if cfg.order in ("orthogonal", "inverse") else None
+        keys = policy_keys(cfg.order, scores, src, self._random_draw(facts, B, T, past), self._update_norms)
+        if cfg.order != "random":  # random keys are +inf off the real tokens by construction
+            check_finite(keys if facts.valid is None else keys.masked_fill(~facts.valid, 0.0), self.layer_index)
+        always = always_update(facts.valid, B, T, cfg.keep_recent, cfg.keep_first, past, keys.device)
+        if always is not None:
+            keys = torch.where(always, torch.full_like(keys, float("-inf"), dtype=torch.float32), keys.float())
+        return keys
 
     def _select(self, h: torch.Tensor, x: torch.Tensor, past: int, facts: _Facts):
         cfg = self.config
@@ -309,6 +318,8 @@ class SelectiveLayer:
         x = self.adapter.attention_input(layer, hidden_states)
         src = self.adapter.score_input(hidden_states, x) if cfg.source == "normed" else hidden_states
         facts = self._context.facts(B, T, past, hidden_states.device, cfg.ratio)
+        if cfg.order == "oracle":
+            return self._oracle(hidden_states, args, kwargs, src, past, facts)
         sel = self._select(hidden_states, src, past, facts)
         if sel is None:
             self._last = None
@@ -360,6 +371,29 @@ class SelectiveLayer:
             result = hidden_states.scatter_(1, index, h_new)  # no copy of the whole residual stream
         else:
             result = hidden_states.scatter(1, index, h_new)
+        return (result, *out[1:]) if isinstance(out, tuple) else result
+
+    def _oracle(self, hidden_states: torch.Tensor, args: tuple, kwargs: dict[str, Any], src: torch.Tensor,
+                past: int, facts: _Facts) -> Any:
+        """The oracle policy: the dense layer (every token's update, every key and value into the cache), then only
+        the K largest updates kept. A selected token's update equals its dense update (its query sees every key
+        either way), so this is exactly the selective layer with the best choice of tokens: an upper bound."""
+        out = self.inner(hidden_states, *args, **kwargs)
+        h_new = out[0] if isinstance(out, tuple) else out
+        self._update_norms = torch.linalg.vector_norm((h_new - hidden_states).float(), dim=-1)
+        try:
+            sel = self._select(hidden_states, src, past, facts)
+        finally:
+            self._update_norms = None
+        if sel is None:
+            self._last = None
+            return out
+        idx, real = sel
+        B, T, _ = hidden_states.shape
+        self._last = (idx, real, T)
+        keep = torch.zeros(B, T, dtype=torch.bool, device=hidden_states.device)
+        keep.scatter_(1, idx, True if real is None else real)
+        result = torch.where(keep.unsqueeze(-1), h_new, hidden_states)
         return (result, *out[1:]) if isinstance(out, tuple) else result
 
     def _compacted(self, hidden_states: torch.Tensor, kwargs: dict[str, Any], call: _RowCall,

@@ -152,9 +152,16 @@ class Plan:
         arch = arch or (Arch(**self.arch) if self.arch else None)
         if arch is None:
             return None
+        from orthorank.method.policies import get_policy
+
+        def ratio(c: SelectionConfig) -> float:  # a policy that runs the layer densely skips nothing there
+            return c.ratio if get_policy(c.order).speedup else 1.0
+
         if self.method == "hybrid":
             return hybrid_compute_sparsity(arch, seq_len, len(self.removed_layers),
-                                           [c.ratio for c in self.selection_layers.values()])
+                                           [ratio(c) for c in self.selection_layers.values()])
+        if self.method == "orthorank" and self.selection is not None and not get_policy(self.selection.order).speedup:
+            return 0.0
         return compute_sparsity(arch, seq_len, self.method, len(self.layers), self.ratio)
 
     def sparsity(self, arch: Arch | None = None, seq_len: int = DEFAULT_COST_SEQ_LEN,

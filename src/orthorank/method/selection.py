@@ -12,10 +12,11 @@ from dataclasses import asdict, dataclass
 import torch
 
 from orthorank.errors import UserError
+from orthorank.method.policies import POLICIES, get_policy
 
 CRITERIA = ("dot", "cos")  # |<x_sink, x_i>| (paper) or |cos(x_sink, x_i)|
 SOURCES = ("normed", "raw")  # input-RMSNorm output (paper) or the raw residual stream
-ORDERS = ("orthogonal", "random", "inverse")  # paper's method and its two ablations
+ORDERS = tuple(POLICIES)  # selection policies (method/policies.py); the field keeps its first name, `order`
 DECODE_MODES = ("dense", "threshold")
 
 
@@ -36,21 +37,34 @@ class SelectionConfig:
     # "threshold" updates a new token only if it is at least as orthogonal as the prefill's K-th token was.
     decode: str = "dense"
     seed: int = 0
+    # Policy modifiers: always update the last / first W real tokens (within K), e.g. a question at the end of a
+    # long prompt. 0 = off (and then left out of to_dict, so plans and stored results from before stay valid).
+    keep_recent: int = 0
+    keep_first: int = 0
 
     def __post_init__(self) -> None:
         if not (0.0 < self.ratio <= 1.0) or math.isnan(self.ratio):
             raise UserError(f"ratio must be in (0, 1], got {self.ratio}")
+        get_policy(self.order)
+        if self.order == "oracle" and not self.bypass_kv:
+            raise UserError("the oracle policy runs the layer densely: it has no no-KV ablation")
+        for name, value in (("keep_recent", self.keep_recent), ("keep_first", self.keep_first)):
+            if not isinstance(value, int) or value < 0:
+                raise UserError(f"{name} must be a whole number of tokens >= 0, got {value!r}")
         for name, value, allowed in (
             ("criterion", self.criterion, CRITERIA),
             ("source", self.source, SOURCES),
-            ("order", self.order, ORDERS),
             ("decode", self.decode, DECODE_MODES),
         ):
             if value not in allowed:
                 raise UserError(f"unknown {name} {value!r}; choose one of {', '.join(allowed)}")
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        out = asdict(self)
+        for name in ("keep_recent", "keep_first"):
+            if not out[name]:
+                del out[name]
+        return out
 
 
 def sink_scores(x: torch.Tensor, sink: torch.Tensor, criterion: str = "dot") -> torch.Tensor:
@@ -137,18 +151,6 @@ def random_keys(valid_counts: list[int], T: int, seeds: list[int], left_aligned:
         else:
             out[b, left_aligned[b].cpu()] = draw
     return out.to(device)
-
-
-def rank_keys(scores: torch.Tensor, order: str, random_draw: torch.Tensor | None = None) -> torch.Tensor:
-    """Turn scores into ascending ranking keys for the chosen order (the method or its ablations). The random
-    order takes its keys from `random_draw` (see random_keys)."""
-    if order == "orthogonal":
-        return scores
-    if order == "inverse":
-        return -scores
-    if random_draw is None:
-        raise ValueError("the random order needs per-sequence keys")
-    return random_draw
 
 
 def topk_keep_mask(

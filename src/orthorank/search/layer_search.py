@@ -188,6 +188,10 @@ def greedy_search(
         remaining.remove(s["layer"])
         runner.evaluations = s["evaluations"]
     checkpoint.resumed = len(replay)
+    # Search time across runs: each stored step carries the seconds spent up to it, so a resumed search reports
+    # the whole search's time (the replay's one forward pass aside), not only its last run's.
+    earlier = float(replay[-1].get("seconds", 0.0)) if replay else 0.0
+    start_t -= earlier
     if 0 in done and replay:
         dense_loss = done[0]["dense_loss"]
         runner.cache(config)  # the cached layer inputs of the replayed configuration
@@ -220,7 +224,8 @@ def greedy_search(
         order.append(best)
         losses.append(loss)
         remaining.remove(best)
-        checkpoint.put(len(order), {"layer": best, "loss": loss, "evaluations": runner.evaluations})
+        checkpoint.put(len(order), {"layer": best, "loss": loss, "evaluations": runner.evaluations,
+                                    "seconds": round(time.perf_counter() - start_t, 2)})
         bar.update(1)
         bar.set_postfix(layer=best, loss=f"{loss:.4f}")
         if log is not None and dist.is_main():

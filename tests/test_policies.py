@@ -1,0 +1,125 @@
+"""Selection policies (method/policies.py): the registry, each policy's exactness, the oracle, the modifiers."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from cli_helpers import assert_user_error
+from conftest import tiny_model
+from orthorank.errors import UserError
+from orthorank.method import SelectionConfig, apply_orthorank
+from orthorank.method.apply import selective
+from orthorank.method.plan import Plan
+from orthorank.method.policies import POLICIES, always_update, policy_keys
+
+ATOL = 1e-5
+
+
+def ids_for(batch=2, length=24, vocab=128, seed=1):
+    return torch.randint(1, vocab, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def test_registry_refuses_unknown_policies_with_the_list():
+    with pytest.raises(UserError, match="unknown selection policy 'nope'; choose one of orthogonal, random"):
+        SelectionConfig(order="nope")
+    with pytest.raises(UserError, match="keep_recent must be"):
+        SelectionConfig(keep_recent=-1)
+    with pytest.raises(UserError, match="no no-KV ablation"):
+        SelectionConfig(order="oracle", bypass_kv=False)
+    assert "keep_recent" not in SelectionConfig().to_dict()  # plans and stored results from before stay valid
+    assert SelectionConfig(keep_recent=4).to_dict()["keep_recent"] == 4
+
+
+def test_policy_on_the_command_line_is_a_one_line_error(capsys, tiny_hf_folder):
+    assert_user_error(capsys, "unknown selection policy 'nope'", "ppl", "--model", str(tiny_hf_folder), "--method",
+                      "orthorank", "--layers", "1", "--policy", "nope")
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2"])
+@pytest.mark.parametrize("policy", list(POLICIES))
+def test_every_policy_at_ratio_one_equals_dense(family, policy):
+    m = tiny_model(family)
+    ids = ids_for()
+    dense = m(ids).logits
+    apply_orthorank(m, [1, 2], SelectionConfig(ratio=1.0, order=policy, keep_recent=2))
+    out = m(ids).logits
+    assert torch.allclose(out, dense, atol=ATOL), (policy, (out - dense).abs().max())
+
+
+def test_norm_policy_updates_the_largest_states_first():
+    src = torch.tensor([[[1.0, 0.0], [3.0, 0.0], [0.0, 0.5], [0.0, 2.0]]])
+    keys = policy_keys("norm", None, src, None)
+    assert torch.argsort(keys, dim=1).tolist() == [[1, 3, 0, 2]]
+
+
+def test_oracle_equals_brute_force_on_a_two_layer_model():
+    """Of every choice of K tokens (the sink aside), the oracle keeps the one with the largest total update, and
+    its output is that choice's exact selective output (dense where kept, the input elsewhere)."""
+    m = tiny_model(layers=2)
+    ids = ids_for(batch=1, length=7, seed=2)
+    apply_orthorank(m, [1], SelectionConfig(ratio=0.3, order="oracle"))  # K = ceil(0.3 * 7) = 3
+    wrapper = m.model.layers[1]
+    seen = {}
+
+    def hook(module, args, kwargs, output):
+        seen["h"], seen["kwargs"], seen["out"] = args[0], kwargs, output
+
+    wrapper.register_forward_hook(hook, with_kwargs=True)
+    m(ids, use_cache=False)
+    h = seen["h"]
+    dense_out = selective(wrapper).inner(h, **seen["kwargs"])
+    dense_out = dense_out[0] if isinstance(dense_out, tuple) else dense_out
+    out = seen["out"][0] if isinstance(seen["out"], tuple) else seen["out"]
+    update = (dense_out - h).norm(dim=-1)[0]
+    best, best_total = None, -1.0
+    for subset in itertools.combinations(range(1, 7), 3):
+        total = float(update[list(subset)].sum())
+        if total > best_total:
+            best, best_total = subset, total
+    keep = selective(wrapper).last_keep[0]
+    assert sorted(torch.nonzero(keep).squeeze(1).tolist()) == list(best)
+    reference = torch.where(keep.view(1, -1, 1), dense_out, h)
+    assert torch.allclose(out, reference, atol=ATOL)
+
+
+def test_oracle_plans_skip_no_compute():
+    sig = {"model_type": "llama", "num_layers": 30, "hidden_size": 576, "vocab_size": 49152}
+    arch = {"num_layers": 30, "hidden": 576, "heads": 9, "kv_heads": 3, "head_dim": 64, "ffn": 1536, "vocab": 49152}
+    oracle = Plan("orthorank", [3, 4, 5], "m", sig, selection=SelectionConfig(order="oracle"), arch=arch)
+    rule = Plan("orthorank", [3, 4, 5], "m", sig, selection=SelectionConfig(), arch=arch)
+    assert oracle.compute_sparsity() == 0.0 and rule.compute_sparsity() > 0.05
+
+
+def test_keep_recent_and_first_mark_exactly_the_last_and_first_real_tokens_under_left_padding():
+    valid = torch.tensor([[False, False, True, True, True, True, True],
+                          [True, True, True, True, True, True, True]])
+    recent = always_update(valid, 2, 7, 2, 0, 0, valid.device)
+    assert recent.tolist() == [[False] * 5 + [True] * 2, [False] * 5 + [True] * 2]
+    first = always_update(valid, 2, 7, 0, 2, 0, valid.device)  # after the sink (the first real token)
+    assert first.tolist() == [[False, False, False, True, True, False, False],
+                              [False, True, True, False, False, False, False]]
+    assert always_update(valid, 2, 7, 0, 2, 5, valid.device) is None  # later chunks: the first tokens are past
+
+
+@pytest.mark.parametrize("policy", ["orthogonal", "norm", "inverse"])
+def test_keep_recent_is_always_updated_in_a_left_padded_batch(policy):
+    m = tiny_model()
+    rows = [ids_for(1, 20, seed=3)[0].tolist(), ids_for(1, 9, seed=4)[0].tolist()]
+    width = 20
+    ids = torch.zeros(2, width, dtype=torch.long)
+    mask = torch.zeros(2, width, dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, width - len(r):] = torch.tensor(r)
+        mask[i, width - len(r):] = 1
+    apply_orthorank(m, [1], SelectionConfig(ratio=0.33, order=policy, keep_recent=3))
+    pos = (mask.cumsum(1) - 1).clamp_min(0)
+    batched = m(ids, attention_mask=mask, position_ids=pos).logits
+    keep = selective(m.model.layers[1]).last_keep
+    assert keep[:, -3:].all()
+    assert keep.sum(1).tolist() == [7, 3]  # K = ceil(0.33 n): the recent tokens count within it
+    for i, r in enumerate(rows):  # and the batch still equals each row alone
+        single = m(torch.tensor([r])).logits[0]
+        assert torch.allclose(batched[i, -len(r):], single, atol=ATOL)
