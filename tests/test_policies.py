@@ -123,3 +123,34 @@ def test_keep_recent_is_always_updated_in_a_left_padded_batch(policy):
     for i, r in enumerate(rows):  # and the batch still equals each row alone
         single = m(torch.tensor([r])).logits[0]
         assert torch.allclose(batched[i, -len(r):], single, atol=ATOL)
+
+
+def test_prev_update_ranks_by_the_previous_layers_update():
+    """Reference: the previous layer's input and output captured by hooks; the kept tokens are the K largest
+    ||h_l - h_(l-1)|| (the sink aside), also when the previous layer is itself selective (updates in place)."""
+    for previous_selective in (False, True):
+        m = tiny_model()
+        ids = ids_for(batch=1, length=12, seed=6)
+        layers = [1, 2] if previous_selective else [2]
+        configs = {1: SelectionConfig(ratio=0.5), 2: SelectionConfig(ratio=0.25, order="prev-update")}
+        from orthorank.method.apply import apply_hybrid
+
+        apply_hybrid(m, [], {i: configs[i] for i in layers})
+        seen = {}
+        m.model.layers[1].register_forward_pre_hook(
+            lambda mod, args, kwargs: seen.__setitem__("h1", (args[0] if args else kwargs["hidden_states"]).clone()),
+            with_kwargs=True)
+        m.model.layers[2].register_forward_pre_hook(
+            lambda mod, args, kwargs: seen.__setitem__("h2", (args[0] if args else kwargs["hidden_states"]).clone()),
+            with_kwargs=True)
+        m(ids, use_cache=False)
+        update = (seen["h2"] - seen["h1"]).norm(dim=-1)[0]
+        update[0] = -1.0  # the sink ranks last
+        expected = sorted(torch.argsort(update, descending=True)[:3].tolist())  # K = ceil(0.25 * 12) = 3
+        keep = selective(m.model.layers[2]).last_keep[0]
+        assert sorted(torch.nonzero(keep).squeeze(1).tolist()) == expected
+
+
+def test_prev_update_needs_a_layer_before():
+    with pytest.raises(UserError, match="needs a layer before selection layer 0"):
+        apply_orthorank(tiny_model(), [0], SelectionConfig(order="prev-update"))

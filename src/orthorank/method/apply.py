@@ -104,6 +104,8 @@ def apply_hybrid(model: nn.Module, removed: list[int], selections: dict[int, Sel
             state["restores"].append(sel.install_router())
             setattr(layer, _LAYER_ATTR, sel)
             state["restores"].append(lambda layer=layer: delattr(layer, _LAYER_ATTR))
+            if selections[i].order == "prev-update":
+                state["hooks"].append(_keep_previous_input(original, drop, i, sel))
     if drop:
         kept = [i for i in range(len(original)) if i not in drop]
         state["attn_layer_idx"] = {i: original[i].self_attn.layer_idx for i in kept}
@@ -114,6 +116,18 @@ def apply_hybrid(model: nn.Module, removed: list[int], selections: dict[int, Sel
         if isinstance(state["layer_types"], list):
             model.config.layer_types = [state["layer_types"][i] for i in kept]
     return model
+
+
+def _keep_previous_input(layers: list[nn.Module], removed: set[int], i: int, sel: SelectiveLayer):
+    """prev-update: a pre-hook on the layer that runs before layer i keeps its input for layer i's selection."""
+    before = [j for j in range(i) if j not in removed]
+    if not before:
+        raise UserError(f"the prev-update policy needs a layer before selection layer {i}")
+
+    def keep(module, args, kwargs):
+        h = args[0] if args else kwargs["hidden_states"]
+        sel._prev_input = h.clone()  # a selective layer may update its input in place
+    return layers[before[-1]].register_forward_pre_hook(keep, with_kwargs=True)
 
 
 def apply_plan(model: nn.Module, plan: Plan) -> nn.Module:

@@ -200,6 +200,7 @@ class SelectiveLayer:
         self._call: _RowCall | None = None  # the selective call in progress, read by the attention router
         self._routed = False
         self._update_norms: torch.Tensor | None = None  # the oracle's ||f(x) - x|| during its selection
+        self._prev_input: torch.Tensor | None = None  # prev-update: the previous layer's input (a hook sets it)
 
     @property
     def backend(self) -> str:
@@ -320,7 +321,14 @@ class SelectiveLayer:
         facts = self._context.facts(B, T, past, hidden_states.device, cfg.ratio)
         if cfg.order == "oracle":
             return self._oracle(hidden_states, args, kwargs, src, past, facts)
-        sel = self._select(hidden_states, src, past, facts)
+        if cfg.order == "prev-update":
+            prev, self._prev_input = self._prev_input, None
+            if prev is not None and prev.shape == hidden_states.shape:
+                self._update_norms = torch.linalg.vector_norm((hidden_states - prev).float(), dim=-1)
+        try:
+            sel = self._select(hidden_states, src, past, facts)
+        finally:
+            self._update_norms = None
         if sel is None:
             self._last = None
             return self.inner(hidden_states, *args, **kwargs)

@@ -8,6 +8,8 @@ lowest keys, so they are always among the K updated (within K: compute stays mat
 - inverse, random: the paper's ablations (least orthogonal first; a reproducible random pattern per sequence);
 - norm: the largest hidden-state norm first (of the layer's score input: the normed state, or the raw residual
   stream with `source=raw`): a rule any serving engine can compute without the sink;
+- prev-update: the tokens the previous layer changed most, ||h_l - h_(l-1)|| (its input is kept by a hook while
+  the plan is applied; not available to the layer searches, which run layers outside the model);
 - oracle: the tokens whose update by this layer, ||f(x) - x||, is largest. The layer runs densely to know it (its
   K/V and every token's update are computed, then only the K largest updates are kept): an upper bound for any rule
   at that keep ratio, never a speed-up.
@@ -34,6 +36,7 @@ POLICIES: dict[str, Policy] = {p.name: p for p in (
     Policy("random", "a random pattern per sequence (ablation)"),
     Policy("inverse", "tokens least orthogonal to the sink first (ablation)"),
     Policy("norm", "largest hidden-state norm first"),
+    Policy("prev-update", "largest update by the previous layer first, ||h_l - h_(l-1)||"),
     Policy("oracle", "largest update by this layer, ||f(x) - x||, first: runs the layer densely (an upper bound, "
                      "never a speed-up)", speedup=False),
 )}
@@ -48,7 +51,8 @@ def get_policy(name: str) -> Policy:
 def policy_keys(name: str, sink_scores: torch.Tensor | None, src: torch.Tensor, random_draw: torch.Tensor | None,
                 update_norms: torch.Tensor | None = None) -> torch.Tensor:
     """Ascending keys [B, T] of policy `name`. sink_scores: |<x_sink, x_i>| [B, T] (orthogonal, inverse);
-    src: the score input [B, T, D] (norm); random_draw: [B, T] (random); update_norms: ||f(x) - x|| (oracle)."""
+    src: the score input [B, T, D] (norm); random_draw: [B, T] (random); update_norms: ||f(x) - x|| (oracle) or
+    the previous layer's ||h_l - h_(l-1)|| (prev-update)."""
     if name == "orthogonal":
         return sink_scores
     if name == "inverse":
@@ -59,9 +63,10 @@ def policy_keys(name: str, sink_scores: torch.Tensor | None, src: torch.Tensor, 
         return random_draw
     if name == "norm":
         return -torch.linalg.vector_norm(src, dim=-1, dtype=torch.float32)
-    if name == "oracle":
+    if name in ("oracle", "prev-update"):
         if update_norms is None:
-            raise ValueError("the oracle policy needs the layer's dense update")
+            raise UserError(f"the {name} policy needs the {'layer' if name == 'oracle' else 'previous layer'}'s "
+                            "update: apply the plan to the model (orthorank.method.apply_plan)")
         return -update_norms
     raise UserError(f"unknown selection policy {name!r}; choose one of {', '.join(POLICIES)}")
 
