@@ -154,3 +154,19 @@ def test_prev_update_ranks_by_the_previous_layers_update():
 def test_prev_update_needs_a_layer_before():
     with pytest.raises(UserError, match="needs a layer before selection layer 0"):
         apply_orthorank(tiny_model(), [0], SelectionConfig(order="prev-update"))
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_attention_policy_keeps_the_tokens_the_last_queries_attend_to_most(family):
+    """Reference: the dense model's own attention probabilities of that layer (eager, output_attentions), summed
+    over heads and the last 32 queries."""
+    m = tiny_model(family, attn="eager")
+    ids = ids_for(batch=1, length=40, seed=8)
+    probs = m(ids, output_attentions=True).attentions[2]  # [1, H, T, T]
+    received = probs[:, :, -32:, :].sum(dim=(1, 2))[0]
+    received[0] = -1.0  # the sink ranks last
+    expected = sorted(torch.argsort(received, descending=True)[:10].tolist())  # K = ceil(0.25 * 40)
+    apply_orthorank(m, [2], SelectionConfig(ratio=0.25, order="attention"))
+    m(ids, use_cache=False)
+    keep = selective(m.model.layers[2]).last_keep[0]
+    assert sorted(torch.nonzero(keep).squeeze(1).tolist()) == expected

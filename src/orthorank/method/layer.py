@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from orthorank.method.attention import backend_for, selective_attention
-from orthorank.method.policies import always_update, policy_keys
+from orthorank.method.policies import ATTENTION_WINDOW, always_update, attention_received, policy_keys
 from orthorank.method.selection import (
     SelectionConfig,
     keep_count,
@@ -325,6 +325,8 @@ class SelectiveLayer:
             prev, self._prev_input = self._prev_input, None
             if prev is not None and prev.shape == hidden_states.shape:
                 self._update_norms = torch.linalg.vector_norm((hidden_states - prev).float(), dim=-1)
+        elif cfg.order == "attention":
+            self._update_norms = self._attention_received(x, kwargs["position_embeddings"], facts, cache, past)
         try:
             sel = self._select(hidden_states, src, past, facts)
         finally:
@@ -403,6 +405,24 @@ class SelectiveLayer:
         keep.scatter_(1, idx, True if real is None else real)
         result = torch.where(keep.unsqueeze(-1), h_new, hidden_states)
         return (result, *out[1:]) if isinstance(out, tuple) else result
+
+    def _attention_received(self, x: torch.Tensor, pos_emb, facts: _Facts, cache, past: int) -> torch.Tensor:
+        """The `attention` policy's estimate [B, T] (method/policies.py), from this layer's own queries and keys
+        (the chunk's keys, and the cached ones where a cache holds them)."""
+        attn, adapter = self.layer.self_attn, self.adapter
+        T = x.shape[1]
+        W = min(ATTENTION_WINDOW, T)
+        cos, sin = pos_emb
+        q = adapter.rope(attn, adapter.queries(attn, x[:, T - W:]), cos[:, T - W:], sin[:, T - W:])
+        k, _ = self._keys_values(x, pos_emb)  # [B, Hkv, T, d]
+        if past > 0 and cache is not None:
+            layer_cache = cache.layers[attn.layer_idx] if hasattr(cache, "layers") else None
+            cached = getattr(layer_cache, "keys", None)
+            if cached is not None and cached.shape[2] == past:
+                k = torch.cat([cached.to(k.dtype), k], dim=2)
+            else:
+                past = 0  # cached keys not readable here: the estimate sees this chunk only
+        return attention_received(q.transpose(1, 2), k, attn.scaling, facts.valid, past)
 
     def _compacted(self, hidden_states: torch.Tensor, kwargs: dict[str, Any], call: _RowCall,
                    rows: torch.Tensor) -> Any:

@@ -10,6 +10,10 @@ lowest keys, so they are always among the K updated (within K: compute stays mat
   stream with `source=raw`): a rule any serving engine can compute without the sink;
 - prev-update: the tokens the previous layer changed most, ||h_l - h_(l-1)|| (its input is kept by a hook while
   the plan is applied; not available to the layer searches, which run layers outside the model);
+- attention: the tokens that receive the most attention, H2O/SnapKV-style. A cheap estimate, not the previous
+  layer's attention (SDPA does not return it): the attention probabilities of the last ATTENTION_WINDOW queries of
+  this chunk in this layer, from this layer's own queries and keys (causal, pads masked; no sliding window or
+  soft-capping), summed over heads and those queries;
 - oracle: the tokens whose update by this layer, ||f(x) - x||, is largest. The layer runs densely to know it (its
   K/V and every token's update are computed, then only the K largest updates are kept): an upper bound for any rule
   at that keep ratio, never a speed-up.
@@ -22,6 +26,8 @@ from dataclasses import dataclass
 import torch
 
 from orthorank.errors import UserError
+
+ATTENTION_WINDOW = 32  # queries whose attention the `attention` policy sums (the end of the chunk)
 
 
 @dataclass(frozen=True)
@@ -37,6 +43,7 @@ POLICIES: dict[str, Policy] = {p.name: p for p in (
     Policy("inverse", "tokens least orthogonal to the sink first (ablation)"),
     Policy("norm", "largest hidden-state norm first"),
     Policy("prev-update", "largest update by the previous layer first, ||h_l - h_(l-1)||"),
+    Policy("attention", f"most attention received from the last {32} queries of this layer first (an estimate)"),
     Policy("oracle", "largest update by this layer, ||f(x) - x||, first: runs the layer densely (an upper bound, "
                      "never a speed-up)", speedup=False),
 )}
@@ -52,7 +59,7 @@ def policy_keys(name: str, sink_scores: torch.Tensor | None, src: torch.Tensor, 
                 update_norms: torch.Tensor | None = None) -> torch.Tensor:
     """Ascending keys [B, T] of policy `name`. sink_scores: |<x_sink, x_i>| [B, T] (orthogonal, inverse);
     src: the score input [B, T, D] (norm); random_draw: [B, T] (random); update_norms: ||f(x) - x|| (oracle) or
-    the previous layer's ||h_l - h_(l-1)|| (prev-update)."""
+    the previous layer's ||h_l - h_(l-1)|| (prev-update), or the attention each token receives (attention)."""
     if name == "orthogonal":
         return sink_scores
     if name == "inverse":
@@ -63,12 +70,34 @@ def policy_keys(name: str, sink_scores: torch.Tensor | None, src: torch.Tensor, 
         return random_draw
     if name == "norm":
         return -torch.linalg.vector_norm(src, dim=-1, dtype=torch.float32)
-    if name in ("oracle", "prev-update"):
+    if name in ("oracle", "prev-update", "attention"):
         if update_norms is None:
             raise UserError(f"the {name} policy needs the {'layer' if name == 'oracle' else 'previous layer'}'s "
                             "update: apply the plan to the model (orthorank.method.apply_plan)")
         return -update_norms
     raise UserError(f"unknown selection policy {name!r}; choose one of {', '.join(POLICIES)}")
+
+
+def attention_received(q: torch.Tensor, k: torch.Tensor, scale: float, valid: torch.Tensor | None,
+                       past: int = 0) -> torch.Tensor:
+    """q: [B, H, W, d] the last W queries of the chunk (RoPE applied), k: [B, Hkv, S, d] every key of the chunk and
+    its past (S = past + T). Returns [B, T] the attention probability mass each of the chunk's tokens receives from
+    those queries, summed over heads and queries (pads and future keys masked; padded queries count nothing)."""
+    B, H, W, _ = q.shape
+    S = k.shape[2]
+    T = S - past
+    k = k.repeat_interleave(H // k.shape[1], dim=1)
+    logits = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale  # [B, H, W, S]
+    q_pos = past + T - W + torch.arange(W, device=q.device)
+    allowed = torch.arange(S, device=q.device).view(1, S) <= q_pos.view(W, 1)  # causal
+    allowed = allowed.view(1, 1, W, S)
+    if valid is not None:
+        key_ok = torch.cat([torch.ones(B, past, dtype=torch.bool, device=q.device), valid], dim=1)
+        allowed = allowed & key_ok.view(B, 1, 1, S)
+    probs = torch.softmax(logits.masked_fill(~allowed, float("-inf")), dim=-1).nan_to_num(0.0)
+    if valid is not None:
+        probs = probs * valid[:, -W:].view(B, 1, W, 1)
+    return probs.sum(dim=(1, 2))[:, past:]
 
 
 def always_update(valid: torch.Tensor | None, B: int, T: int, keep_recent: int, keep_first: int, past: int,
