@@ -159,3 +159,28 @@ def test_search_runner_agrees_with_the_model(family, attn):
     ref = float(torch.nn.functional.cross_entropy(
         m(windows, use_cache=False).logits[:, :-1].reshape(-1, 128), windows[:, 1:].reshape(-1)))
     assert loss == pytest.approx(ref, rel=1e-5)
+
+
+@pytest.mark.parametrize("policy", ["norm", "attention", "prev-update", "oracle", "random", "inverse"])
+@pytest.mark.parametrize("family", list(ZOO))
+def test_every_policy_equals_dense_at_ratio_one_and_the_naive_reference_below(family, policy):
+    """Each selection policy (method/policies.py), with a keep-recent modifier, on every family: ratio 1.0 equals
+    dense; at 0.4 the layer's output is the dense layer's where it kept a token and its input elsewhere."""
+    from orthorank.method.apply import apply_hybrid
+
+    m = _model(family, "sdpa")
+    ids = _ids()
+    dense = m(ids).logits
+    apply_orthorank(m, [1, 2], SelectionConfig(ratio=1.0, order=policy, keep_recent=3))
+    torch.testing.assert_close(m(ids).logits, dense, atol=ATOL, rtol=1e-4)
+    restore_dense(m)
+    i = 2
+    apply_hybrid(m, [], {i: SelectionConfig(ratio=0.4, order=policy, keep_recent=3)})
+    seen = _layer_io(m, i, ids)
+    keep = selective(m.model.layers[i]).last_keep
+    assert bool(keep[:, -3:].all()) and 0 < int(keep[0].sum()) < ids.shape[1]
+    restore_dense(m)
+    dense_out = m.model.layers[i](seen["h"], **seen["kwargs"])
+    dense_out = dense_out[0] if isinstance(dense_out, tuple) else dense_out
+    ref = torch.where(keep.unsqueeze(-1), dense_out, seen["h"])
+    torch.testing.assert_close(seen["out"], ref, atol=ATOL, rtol=1e-4)
