@@ -321,16 +321,14 @@ class SelectiveLayer:
         facts = self._context.facts(B, T, past, hidden_states.device, cfg.ratio)
         if cfg.order == "oracle":
             return self._oracle(hidden_states, args, kwargs, src, past, facts)
+        norms = None
         if cfg.order == "prev-update":
             prev, self._prev_input = self._prev_input, None
             if prev is not None and prev.shape == hidden_states.shape:
-                self._update_norms = torch.linalg.vector_norm((hidden_states - prev).float(), dim=-1)
+                norms = torch.linalg.vector_norm((hidden_states - prev).float(), dim=-1)
         elif cfg.order == "attention":
-            self._update_norms = self._attention_received(x, kwargs["position_embeddings"], facts, cache, past)
-        try:
-            sel = self._select(hidden_states, src, past, facts)
-        finally:
-            self._update_norms = None
+            norms = self._attention_received(x, kwargs["position_embeddings"], facts, cache, past)
+        sel = self._select_given(norms, hidden_states, src, past, facts)
         if sel is None:
             self._last = None
             return self.inner(hidden_states, *args, **kwargs)
@@ -383,6 +381,14 @@ class SelectiveLayer:
             result = hidden_states.scatter(1, index, h_new)
         return (result, *out[1:]) if isinstance(out, tuple) else result
 
+    def _select_given(self, norms: torch.Tensor | None, h: torch.Tensor, src: torch.Tensor, past: int, facts: _Facts):
+        """_select with the per-token norms a policy ranks by (oracle, prev-update, attention) in place for it."""
+        self._update_norms = norms
+        try:
+            return self._select(h, src, past, facts)
+        finally:
+            self._update_norms = None
+
     def _oracle(self, hidden_states: torch.Tensor, args: tuple, kwargs: dict[str, Any], src: torch.Tensor,
                 past: int, facts: _Facts) -> Any:
         """The oracle policy: the dense layer (every token's update, every key and value into the cache), then only
@@ -390,11 +396,8 @@ class SelectiveLayer:
         either way), so this is exactly the selective layer with the best choice of tokens: an upper bound."""
         out = self.inner(hidden_states, *args, **kwargs)
         h_new = out[0] if isinstance(out, tuple) else out
-        self._update_norms = torch.linalg.vector_norm((h_new - hidden_states).float(), dim=-1)
-        try:
-            sel = self._select(hidden_states, src, past, facts)
-        finally:
-            self._update_norms = None
+        norms = torch.linalg.vector_norm((h_new - hidden_states).float(), dim=-1)
+        sel = self._select_given(norms, hidden_states, src, past, facts)
         if sel is None:
             self._last = None
             return out
