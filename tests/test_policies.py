@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 
 import pytest
 import torch
@@ -170,3 +171,119 @@ def test_attention_policy_keeps_the_tokens_the_last_queries_attend_to_most(famil
     m(ids, use_cache=False)
     keep = selective(m.model.layers[2]).last_keep[0]
     assert sorted(torch.nonzero(keep).squeeze(1).tolist()) == expected
+
+
+# -- policy variants, headroom, selection maps ---------------------------------------------------------------------
+
+def test_policy_variants_parse_and_refuse():
+    from orthorank.method.policies import parse_variant, parse_variants
+
+    assert parse_variant("orthogonal+recent=64") == {"order": "orthogonal", "keep_recent": 64}
+    assert parse_variant("+first=3") == {"keep_first": 3}
+    assert parse_variants(" norm, oracle ,norm") == ["norm", "oracle"]
+    for bad in ("nope", "norm+recent", "norm+recent=x", "norm+last=3", "", "+"):
+        with pytest.raises(UserError):
+            parse_variants(bad)
+
+
+def test_headroom_share_is_one_for_the_oracle_zero_for_random_and_has_an_interval():
+    import numpy as np
+
+    from orthorank.evaluation.stats import headroom_share
+
+    rng = np.random.default_rng(0)
+    rand = 100 + rng.normal(0, 5, 20)
+    oracle = rand - 10 + rng.normal(0, 1, 20)
+    half = (rand + oracle) / 2
+    assert headroom_share(oracle, rand, oracle, 50).value == pytest.approx(1.0)
+    assert headroom_share(rand, rand, oracle, 50).value == pytest.approx(0.0)
+    h = headroom_share(half, rand, oracle, 50)
+    assert 0.4 < h.value < 0.6 and h.low < h.value < h.high and h.n == 20
+    assert not headroom_share(rand, rand, rand, 50).known  # no headroom to share
+
+
+@pytest.mark.data
+def test_compare_policies_rows_pair_with_the_paper_and_sleb_and_give_a_headroom_table(tiny_hf_folder, tmp_path,
+                                                                                     monkeypatch, capsys):
+    import json
+
+    from orthorank.cli.main import main
+
+    monkeypatch.chdir(tmp_path)
+    name = tiny_hf_folder.name
+    folder = tmp_path / "plans" / name
+    folder.mkdir(parents=True)
+    Plan("prune", [2], name, {"num_layers": 4}).save(folder / "sleb-0.2.json")
+    Plan("orthorank", [1, 2], name, {"num_layers": 4}, selection=SelectionConfig(ratio=0.4)).save(
+        folder / "orthorank-0.2.json")
+    code = main(["compare", "--model", str(tiny_hf_folder), "--methods", "sleb,orthorank", "--sparsity", "0.2",
+                 "--datasets", "wikitext2", "--seq-len", "48", "--max-windows", "3", "--no-store", "--out", "out",
+                 "--policies", "random,oracle,norm,orthogonal+recent=8"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    result = json.loads((tmp_path / "out" / "compare.json").read_text())
+    assert [r["method"] for r in result["rows"]] == ["sleb", "orthorank", "orthorank (policy random)",
+                                                     "orthorank (policy oracle)", "orthorank (policy norm)",
+                                                     "orthorank (policy orthogonal+recent=8)"]
+    refs = {c["b"] for c in result["comparisons"] if c["a"] == "orthorank (policy norm)"}
+    assert refs == {"orthorank", "sleb"}
+    rules = {h["method"]: h for h in result["headroom"]}
+    assert set(rules) == {"orthorank", "orthorank (policy norm)", "orthorank (policy orthogonal+recent=8)"}
+    assert "Headroom captured" in out
+    oracle = next(r for r in result["rows"] if r["method"] == "orthorank (policy oracle)")
+    assert oracle["sparsity"]["compute"] == 0  # never a speed-up
+    assert main(["compare", "--model", str(tiny_hf_folder), "--methods", "sleb", "--sparsity", "0.2",
+                 "--datasets", "wikitext2", "--out", "o2", "--policies", "norm"]) == 2
+
+
+@pytest.mark.data
+def test_selection_map_marks_spans_and_matches_last_keep(tiny_hf_folder, tmp_path, capsys):
+    import json
+
+    from orthorank.analysis.selection_map import SelectionMap, needle_spans, take_map, tokenize_with_spans
+    from orthorank.cli.main import main
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_hf_folder)
+    model = AutoModelForCausalLM.from_pretrained(tiny_hf_folder).eval()
+    prompt = ("Some special magic numbers are hidden within the following text.\nThe sky was grey over the sea. "
+              "One of the special magic numbers for apple is: 1234567. The boats came in late.\nWhat is the "
+              "special magic number for apple? The special magic number for apple is")
+    ids, spans = tokenize_with_spans(tok, prompt, needle_spans(prompt))
+    assert set(spans) == {"instruction", "needle", "question"}
+    (a, b), = spans["needle"]
+    assert "1234567" in tok.decode(ids[a:b]) and "boats" not in tok.decode(ids[a:b])
+    plan = Plan("orthorank", [1, 2], tiny_hf_folder.name, {"num_layers": 4},
+                selection=SelectionConfig(ratio=0.3, keep_recent=5))
+    m = take_map(model, plan, ids, spans, "tiny needle")
+    assert m.states == ["dense", "select", "select", "dense"]
+    k = math.ceil(0.3 * len(ids))
+    for layer in (1, 2):
+        assert len(m.kept[layer]) == k and set(range(len(ids) - 5, len(ids))) <= set(m.kept[layer])
+        assert 0 not in m.kept[layer]  # the sink is never updated
+    assert m.last_token_layers() == (2, 2) and m.summary()["span_share_updated"]["question"]["mean"] > 0
+    assert SelectionMap.from_dict(json.loads(json.dumps(m.to_dict()))).kept == m.kept
+    # the same through the command: a plan file, a needle prompt built by the suite, a figure
+    plan.save(tmp_path / "p.json")
+    code = main(["selection-map", "--model", str(tiny_hf_folder), "--plan", str(tmp_path / "p.json"),
+                 "--prompts", "needle:512", "--policies", "orthogonal,orthogonal+recent=64", "--out",
+                 str(tmp_path / "map")])
+    out, err = capsys.readouterr()
+    assert code == 0 and "last token updated in 2 of 2" in out, err
+    data = json.loads((tmp_path / "map" / "selection-map.json").read_text())
+    assert len(data["maps"]) == 2 and (tmp_path / "map" / data["figures"][1]).stat().st_size > 5000
+    assert data["maps"][1]["summary"]["span_share_updated"]["question"]["mean"] == 1.0
+    assert main(["selection-map", "--model", str(tiny_hf_folder), "--plan", str(tmp_path / "p.json"),
+                 "--prompts", "needle:512", "--out", str(tmp_path / "map")]) == 2  # would overwrite
+    assert main(["selection-map", "--model", str(tiny_hf_folder), "--plan", str(tmp_path / "p.json"),
+                 "--prompts", "haystack:3", "--out", str(tmp_path / "map2")]) == 2
+    # the analysis report shows the maps and their span shares
+    assert main(["analyze", "--model", str(tiny_hf_folder), "--text", "a b c d e f g h " * 20, "--seq-len", "32",
+                 "--samples", "1", "--selection-map", str(tmp_path / "map" / "selection-map.json"),
+                 "--out", str(tmp_path / "report")]) == 0
+    page = (tmp_path / "report" / "report.html").read_text()
+    assert 'id="selection-maps"' in page and page.count('data-figure="selection-map-') == 2
+    assert "selection_maps" in json.loads((tmp_path / "report" / "analysis.json").read_text())
+    (tmp_path / "bad.json").write_text("{}")
+    assert main(["analyze", "--model", str(tiny_hf_folder), "--text", "a b c", "--selection-map",
+                 str(tmp_path / "bad.json"), "--out", str(tmp_path / "r2")]) == 2

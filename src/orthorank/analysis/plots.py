@@ -14,6 +14,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from orthorank.analysis.stats import SinkAnalysis
+from orthorank.results import atomic_write_bytes
 
 DPI = 110
 SINK_COLOR = "#c0392b"
@@ -164,5 +165,66 @@ def save_figures(a: SinkAnalysis, folder: str | Path) -> dict[str, Path]:
     paths = {}
     for name, data in render_figures(a).items():
         paths[name] = folder / f"{name}.png"
-        paths[name].write_bytes(data)
+        atomic_write_bytes(paths[name], data)
     return paths
+
+
+SPAN_COLORS = {"instruction": "#2e8b57", "needle": "#c0392b", "question": "#e67e22"}
+
+
+def draw_selection_map(ax: Axes, strip: Axes, m, bins: int = 512) -> None:
+    """Layers (rows, 0 at the top) x token positions (binned to at most `bins` columns): for a selection layer the
+    share of the bin's tokens it updated (white 0 .. dark blue 1), grey for a dense layer, black for a removed one.
+    `strip` above marks the named spans."""
+    import numpy as np
+
+    from orthorank.analysis.selection_map import DENSE, REMOVED
+
+    T, L = m.tokens, len(m.states)
+    nb = min(bins, T)
+    edges = np.linspace(0, T, nb + 1).astype(int)
+    width = np.maximum(np.diff(edges), 1)
+    light, dark = np.array([0.97, 0.97, 0.98]), np.array([0.12, 0.37, 0.66])
+    img = np.zeros((L, nb, 3))
+    for layer, state in enumerate(m.states):
+        if state == DENSE:
+            img[layer] = 0.72
+        elif state == REMOVED:
+            img[layer] = 0.0
+        else:
+            hit = np.zeros(T)
+            hit[m.kept[layer]] = 1.0
+            share = np.add.reduceat(hit, edges[:-1]) / width
+            img[layer] = light + share[:, None] * (dark - light)
+    ax.imshow(img, aspect="auto", interpolation="nearest", extent=(0, T, L - 0.5, -0.5))
+    ax.set_ylabel("layer")
+    ax.set_xlabel("token position")
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True, nbins=min(16, L)))
+    for name, ranges in m.spans.items():
+        color = SPAN_COLORS.get(name, GREY)
+        for a, b in ranges:
+            strip.axvspan(a, max(b, a + T / 400), color=color, lw=0)
+            if name != "instruction":
+                ax.axvline(a, color=color, lw=0.8, alpha=0.8)
+    strip.set_xlim(0, T)
+    strip.set_yticks([])
+    strip.tick_params(labelbottom=False)
+    handles = [strip.bar(0, 0, color=SPAN_COLORS.get(k, GREY), label=k) for k in m.spans]
+    if handles:
+        strip.legend(loc="center left", bbox_to_anchor=(1.005, 0.5), fontsize=7, frameon=False)
+    s = m.summary()
+    shares = "; ".join(f"{k} {v['mean']:.2f}" for k, v in s["span_share_updated"].items())
+    sel = m.plan.get("selection") or {}
+    policy = sel.get("order", "orthogonal") + "".join(f"+{k.split('_')[1]}={sel[k]}" for k in ("keep_recent",
+                                                                                               "keep_first") if sel.get(k))
+    strip.set_title(f"{m.name}: {T} tokens, policy {policy}; share updated per selection layer: all "
+                 f"{s['overall_share_updated']:.2f}; {shares}; last token updated in {s['last_token_updated_in']} of "
+                 f"{s['selection_layers']} selection layers (grey: dense layer, black: removed)", fontsize=8, wrap=True)
+
+
+def selection_map_png(m, model: str) -> bytes:
+    fig = _figure(12.0, max(3.5, 1.4 + 0.12 * len(m.states)))
+    strip, ax = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [1, 14]})
+    draw_selection_map(ax, strip, m)
+    fig.suptitle(model, fontsize=9, color=GREY, x=0.99, ha="right")
+    return _png(fig)

@@ -13,6 +13,7 @@ from typing import Any, Callable
 from orthorank.analysis.plots import render_figures
 from orthorank.analysis.stats import QUANTILES, SinkAnalysis, observations, quantile_key
 from orthorank.errors import UserError
+from orthorank.results import atomic_write_bytes, atomic_write_text
 
 REPORT = "report.html"
 ANALYSIS_JSON = "analysis.json"
@@ -182,10 +183,43 @@ _EXPLAIN = {
 }
 
 
-def _img(name: str, data: bytes, alt: str) -> str:
+def _img(name: str, data: bytes, alt: str, caption: str | None = None) -> str:
     b64 = base64.b64encode(data).decode("ascii")
     return (f'<figure id="fig-{name}"><img class="figure" data-figure="{name}" alt="{html.escape(alt)}" '
-            f'src="data:image/png;base64,{b64}"><figcaption>{_EXPLAIN[name]}</figcaption></figure>')
+            f'src="data:image/png;base64,{b64}"><figcaption>{caption or _EXPLAIN[name]}</figcaption></figure>')
+
+
+_MAP_CAPTION = (
+    "Rows are layers, columns token positions of one prompt (binned): in a selection layer, the share of tokens it "
+    "updated (dark = all, white = none; bypassed tokens keep their state but still give keys and values); grey "
+    "layers run densely, black ones are removed. The strip above marks the instruction, the needle(s) and the "
+    "question. The prompt's last token predicts the first generated token, so a rule that bypasses it answers from "
+    "a state that skipped those layers.")
+
+
+def _maps_html(maps: list[Any], model: str) -> str:
+    from orthorank.analysis.plots import selection_map_png
+
+    e = html.escape
+    parts = ['<h2 id="selection-maps">Selection maps of long prompts</h2>']
+    spans = sorted({k for m in maps for k in m.spans})
+    head = ["prompt", "tokens", "policy", "all", *spans, "last token updated"]
+    rows = []
+    for i, m in enumerate(maps):
+        s = m.summary()
+        sel = m.plan.get("selection") or {}
+        policy = sel.get("order", "-") + "".join(f"+{k.split('_')[1]}={sel[k]}"
+                                                 for k in ("keep_recent", "keep_first") if sel.get(k))
+        cells = [m.name, str(m.tokens), policy, f"{s['overall_share_updated']:.2f}"]
+        cells += [f"{s['span_share_updated'][k]['mean']:.2f}" if k in s["span_share_updated"] else "-" for k in spans]
+        cells.append(f"{s['last_token_updated_in']} of {s['selection_layers']} selection layers")
+        rows.append("<tr>" + "".join(f"<td>{e(c)}</td>" for c in cells) + "</tr>")
+        parts.append(_img(f"selection-map-{i}", selection_map_png(m, model), f"Selection map: {m.name}",
+                          _MAP_CAPTION))
+    table = ('<table id="selection-map-shares"><thead><tr>' + "".join(f"<th>{e(h)}</th>" for h in head)
+             + "</tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
+    parts.insert(1, "<p>Share of each span's tokens updated, averaged over the selection layers:</p>" + table)
+    return "".join(parts)
 
 
 def observation_lines(a: SinkAnalysis, obs: dict[str, Any]) -> list[str]:
@@ -282,7 +316,7 @@ def _compare_html(tables: list[dict[str, Any]]) -> str:
 
 
 def build_html(a: SinkAnalysis, figures: dict[str, bytes], compare: list[dict[str, Any]] | None = None,
-               provenance: dict[str, Any] | None = None) -> str:
+               provenance: dict[str, Any] | None = None, maps: list[Any] | None = None) -> str:
     obs = observations(a)
     e = html.escape
     sections = [
@@ -314,6 +348,8 @@ def build_html(a: SinkAnalysis, figures: dict[str, bytes], compare: list[dict[st
                     "Stability columns compare layer l with layer l+1 (none for the last layer).</p>"
                     + _per_layer_table(a))
     sections.append("<details><summary>Attention to the sink per head</summary>" + _heads_table(a) + "</details>")
+    if maps:
+        sections.append(_maps_html(maps, a.model))
     if compare:
         sections.append(_compare_html(compare))
     if provenance:
@@ -333,7 +369,8 @@ def check_out_dir(out: str | Path, overwrite: bool = False) -> Path:
 
 
 def render_report(a: SinkAnalysis, out: str | Path, *, compare: list[dict[str, Any]] | None = None,
-                  provenance: dict[str, Any] | None = None, overwrite: bool = False) -> dict[str, Path]:
+                  provenance: dict[str, Any] | None = None, overwrite: bool = False,
+                  maps: list[Any] | None = None) -> dict[str, Path]:
     """Write DIR/report.html, DIR/<figure>.png for every figure and DIR/analysis.json. Returns their paths."""
     out = check_out_dir(out, overwrite)
     out.mkdir(parents=True, exist_ok=True)
@@ -341,11 +378,13 @@ def render_report(a: SinkAnalysis, out: str | Path, *, compare: list[dict[str, A
     paths: dict[str, Path] = {}
     for name in FIGURES:
         paths[name] = out / f"{name}.png"
-        paths[name].write_bytes(figures[name])
+        atomic_write_bytes(paths[name], figures[name])
     payload = {"format": "orthorank-analysis/1", "analysis": a.to_dict(), "observations": observations(a),
                "compare": compare or [], "provenance": provenance or {}}
+    if maps:
+        payload["selection_maps"] = [m.to_dict() for m in maps]
     paths["json"] = out / ANALYSIS_JSON
-    paths["json"].write_text(json.dumps(payload, indent=1, default=str) + "\n")
+    atomic_write_text(paths["json"], json.dumps(payload, indent=1, default=str) + "\n")
     paths["report"] = out / REPORT
-    paths["report"].write_text(build_html(a, figures, compare, provenance), encoding="utf-8")
+    atomic_write_text(paths["report"], build_html(a, figures, compare, provenance, maps))
     return paths

@@ -34,6 +34,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="tokens of the first window shown in the selection map (default 48)")
     p.add_argument("--compare-json", action="append", default=[], metavar="FILE",
                    help="add a table from an `orthorank compare` JSON result (repeatable)")
+    p.add_argument("--selection-map", action="append", default=[], metavar="FILE",
+                   help="add the maps of an `orthorank selection-map` result (selection-map.json; repeatable)")
     p.add_argument("--out", required=True, help="output folder for report.html, the PNGs and analysis.json")
     p.add_argument("--overwrite", action="store_true", help="replace an existing report in --out")
     p.set_defaults(func=run)
@@ -72,6 +74,9 @@ def run(args) -> int:
         raise UserError("--text is empty")
     check_out_dir(args.out, args.overwrite)
     compare = [load_compare(path) for path in args.compare_json]
+    from orthorank.cli.selection_map import load_maps
+
+    maps = [m for path in args.selection_map for m in load_maps(path)]
     if args.text is not None:
         text, source = args.text, "--text"
     else:
@@ -94,7 +99,8 @@ def run(args) -> int:
         "seed": args.seed, "dtype": str(next(lm.model.parameters()).dtype).replace("torch.", ""),
         **{k: env[k] for k in ("torch", "transformers", "device", "git_commit") if k in env},
     }
-    paths = render_report(result, args.out, compare=compare, provenance=provenance, overwrite=args.overwrite)
+    paths = render_report(result, args.out, compare=compare, provenance=provenance, overwrite=args.overwrite,
+                          maps=maps)
     _print_summary(result)
     print(f"analysis of {windows.shape[0]} x {windows.shape[1]} tokens took {seconds:.1f}s")
     figures = ", ".join(p.name for k, p in paths.items() if k not in ("json", "report"))

@@ -4,29 +4,27 @@ windows and items across processes."""
 
 from __future__ import annotations
 
-from orthorank.models.loading import check_context
-
 import argparse
 import json
 import time
 from pathlib import Path
 
-
-
 from orthorank import distributed as dist
-from orthorank.methods import METHODS as _REGISTRY
 from orthorank.cli.calibration_options import parse_sparsities
 from orthorank.cli.common import add_model_args, add_store_args, load_from_args, positive_int, store_from_args
 from orthorank.errors import UserError
 from orthorank.evaluation.compare import (
-    Row, ablation_plans, comparison_table, comparisons, dataset_stream, evaluate_rows, markdown_table,
-    measure_speedups, plot_ppl, worst_domain_table, worst_domains,
+    Row, ablation_plans, comparison_table, policy_plans, comparisons, dataset_stream, evaluate_rows, markdown_table,
+    headroom_table, headrooms, measure_speedups, plot_ppl, worst_domain_table, worst_domains,
 )
 from orthorank.evaluation.data import DATASETS, load_eval_part
 from orthorank.evaluation.perplexity import make_windows
 from orthorank.method.cost import Arch
 from orthorank.method.plan import MATCH_RULES, Plan
 from orthorank.method.plan_store import find_plan, plan_file_method, sparsity_label
+from orthorank.method.policies import parse_variants
+from orthorank.methods import METHODS as _REGISTRY
+from orthorank.models.loading import check_context
 from orthorank.results import atomic_write_text, check_writable, write_json
 
 # compare takes the compute-matched names; --match adds the nominal OrthoRank rows
@@ -58,7 +56,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ablations", action="store_true",
                    help="add OrthoRank with random/inverse selection, raw states and no K/V for bypassed tokens "
                         "(sink hidden, and sink visible)")
-    p.add_argument("--ablation-levels", default=None, help="levels that get ablation rows (default: all)")
+    p.add_argument("--ablation-levels", default=None,
+                   help="levels that get ablation and policy rows (default: all)")
+    p.add_argument("--policies", default=None, metavar="SPECS",
+                   help="add OrthoRank rows with other selection policies on the same layers and ratio (equal "
+                        "compute): comma-separated NAME[+recent=W][+first=W], e.g. norm,attention,oracle,"
+                        "orthogonal+recent=64; with random and oracle, a headroom table")
     p.add_argument("--measure-speed", type=int, default=0, metavar="N",
                    help="also time one prefill window per row, N interleaved repeats, for the measured speed-up")
     p.add_argument("--no-ppl", action="store_true", help="skip perplexity (zero-shot only)")
@@ -144,7 +147,8 @@ def _plan_path(lm, label: str, sparsity: float, plans_dir: str | None) -> Path:
 
 
 def build_rows(lm, methods: list[str], sparsities: list[float], ablations: bool, match: str = "compute",
-               ablation_levels: list[float] | None = None, plans_dir: str | None = None) -> list[Row]:
+               ablation_levels: list[float] | None = None, plans_dir: str | None = None,
+               policies: list[str] | None = None) -> list[Row]:
     rows: list[Row] = []
     for method in methods:
         if method == "dense":
@@ -157,6 +161,9 @@ def build_rows(lm, methods: list[str], sparsities: list[float], ablations: bool,
             rows.append(Row(label, s, plan))
             if ablations and method == "orthorank" and (ablation_levels is None or s in ablation_levels):
                 rows += [Row(name.replace("orthorank", label, 1), s, variant) for name, variant in ablation_plans(plan)]
+            if policies and plan.method == "orthorank" and (ablation_levels is None or s in ablation_levels):
+                rows += [Row(f"{label} (policy {spec})", s, variant)
+                         for spec, (_, variant) in zip(policies, policy_plans(plan, policies))]
     return rows
 
 
@@ -165,6 +172,9 @@ def run(args) -> int:
     datasets = [] if args.no_ppl else _datasets(args.datasets)
     sparsities = parse_sparsities(args.sparsity)
     ablation_levels = parse_sparsities(args.ablation_levels) if args.ablation_levels else None
+    policies = parse_variants(args.policies) if args.policies else None
+    if policies and not any(m.startswith("orthorank") for m in methods):
+        raise UserError("--policies varies OrthoRank rows: add orthorank to --methods")
     tasks: list[str] = []
     if args.zeroshot:
         from orthorank.evaluation.zeroshot.convert import resolve_data_dir
@@ -185,7 +195,8 @@ def run(args) -> int:
     lm = load_from_args(args)
     if lm.tokenizer is None:
         raise UserError("compare needs a real model with a tokenizer")
-    rows = build_rows(lm, methods, sparsities, args.ablations, args.match, ablation_levels, args.plans_dir)
+    rows = build_rows(lm, methods, sparsities, args.ablations, args.match, ablation_levels, args.plans_dir,
+                      policies)
     store = store_from_args(args)
     arch = Arch.from_config(lm.config, lm.num_layers)
     streams = {d: dataset_stream(lm.tokenizer, d, p.text, args.seq_len) for d, p in parts.items()}
@@ -235,6 +246,12 @@ def run(args) -> int:
                        f"{', '.join(datasets)}, with the bootstrap interval of that maximum (each dataset's windows "
                        "resampled). Below 1 everywhere = better than SLEB on every dataset measured; ** = the "
                        "interval excludes 1.\n", worst_domain_table(worst)]
+        room = headrooms(rows)
+        if room:
+            report += ["", "Headroom captured: (ppl_random - ppl_rule) / (ppl_random - ppl_oracle) on the same "
+                       "windows, with a paired 95% bootstrap interval; 1 = as good as the oracle (which runs every "
+                       "selection layer densely to choose: an upper bound, never a speed-up), 0 = no better than "
+                       "random selection at the same layers and ratio.\n", headroom_table(room, datasets)]
         if any(r.sparsity(arch, args.seq_len).get("measured_at", "this run") != "this run" for r in rows):
             report.append("\n† measured when the plan was made (`calibrate --measure-speed`), not in this run.")
     payload = {"command": "compare", "model": lm.name, "datasets": datasets, "seq_len": args.seq_len,
@@ -247,6 +264,7 @@ def run(args) -> int:
                "calibration_overlap": overlap}
     if datasets:
         payload["worst_domain"] = [w.to_dict() for w in worst_domains(comps)]
+        payload["headroom"] = [h.to_dict() for h in headrooms(rows)]
     if zs is not None:
         from orthorank.evaluation.zeroshot.scoring import zeroshot_report
 

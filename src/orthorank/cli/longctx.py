@@ -22,7 +22,7 @@ from orthorank.method.plan import Plan
 from orthorank.method.plan_store import find_plan, sparsity_label
 from orthorank.method.selection import DECODE_MODES
 from orthorank.methods import get_method, searched
-from orthorank.results import check_writable, write_json
+from orthorank.results import atomic_write_text, check_writable, write_json
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
@@ -32,6 +32,11 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sparsity", type=finite_float, default=0.2)
     p.add_argument("--decode", default=",".join(DECODE_MODES),
                    help="OrthoRank decode policies, one row each (default: all: " + ",".join(DECODE_MODES) + ")")
+    p.add_argument("--policies", default=None, metavar="SPECS",
+                   help="add OrthoRank rows with other selection policies on the same layers and ratio (equal "
+                        "compute): comma-separated NAME[+recent=W][+first=W], e.g. orthogonal+recent=64")
+    p.add_argument("--plans-dir", default=None,
+                   help="folder of <method>-<sparsity>.json plans (default: plans/<model>/ here or in the repository)")
     p.add_argument("--batch-size", type=positive_int, default=1, help="prompts per generate call (left-padded)")
     p.add_argument("--data-dir", default=None)
     p.add_argument("--out", required=True, help="folder for <command>.json, .md and the plot")
@@ -61,7 +66,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     q.set_defaults(func=run_longbench)
 
 
+def _plan_path(args, model_name: str, label: str) -> Path:
+    if args.plans_dir is None:
+        return find_plan(model_name, label, args.sparsity)
+    path = Path(args.plans_dir) / f"{label}-{sparsity_label(args.sparsity)}.json"
+    if not path.is_file():
+        raise UserError(f"no {label} plan at sparsity {sparsity_label(args.sparsity)} in {args.plans_dir} (looked "
+                        f"for {path})")
+    return path
+
+
 def _rows(args, lm) -> list[Row]:
+    from orthorank.evaluation.compare import policy_plans
+    from orthorank.method.policies import parse_variants
+
+    policies = parse_variants(args.policies) if args.policies else []
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     decodes = [d.strip() for d in args.decode.split(",") if d.strip()]
     bad = [d for d in decodes if d not in DECODE_MODES]
@@ -74,11 +93,14 @@ def _rows(args, lm) -> list[Row]:
         if method.plan_kind == "dense":
             rows.append(Row("dense", "dense", None, Plan("dense", [], lm.name, lm.signature())))
             continue
-        plan = Plan.load(find_plan(lm.name, method.plan_label, args.sparsity))
+        plan = Plan.load(_plan_path(args, lm.name, method.plan_label))
         plan.check_model(lm.name, lm.signature())
         label = f"{name} {sparsity_label(args.sparsity)}"
         if plan.method == "orthorank":
             rows += [Row(f"{label} ({d} decode)", name, args.sparsity, plan, d) for d in decodes]
+            for spec, (_, variant) in zip(policies, policy_plans(plan, policies)):
+                rows += [Row(f"{label} [{spec}] ({d} decode)", name, args.sparsity, variant, d, spec)
+                         for d in decodes]
         else:
             rows.append(Row(label, name, args.sparsity, plan))
     if not rows:
@@ -91,7 +113,11 @@ def _check_saved_plans(args) -> None:
     for name in (m.strip() for m in args.methods.split(",") if m.strip()):
         method = get_method(name, ["dense", *searched()])
         if method.plan_kind != "dense":
-            find_plan(expected_model_name(args.model), method.plan_label, args.sparsity)
+            _plan_path(args, expected_model_name(args.model), method.plan_label)
+    if args.policies:
+        from orthorank.method.policies import parse_variants
+
+        parse_variants(args.policies)
 
 
 def _evaluate(args, lm, rows: list[Row], parts: list[tuple[str, list[Item], dict]], suite: str) -> dict[str, dict]:
@@ -167,6 +193,16 @@ def _tables(rows: list[Row], results: dict[str, dict], group_of, groups: list[st
             diff = summarize(scores[row.name], scores[base.name])
             summary.setdefault("paired", {})[f"{row.name} vs {base.name}"] = {k: v.get("diff") for k, v in diff.items()}
             lines.append(f"| {row.name} | " + " | ".join(fmt_diff(diff.get(k)) for k in groups + ["mean"]) + " |")
+    for row in [r for r in rows if r.variant is not None]:
+        paper = next((r for r in rows if r.variant is None and r.method == row.method and r.decode == row.decode),
+                     None)
+        if paper is None:
+            continue
+        diff = summarize(scores[row.name], scores[paper.name])
+        summary.setdefault("paired", {})[f"{row.name} vs {paper.name}"] = {k: v.get("diff") for k, v in diff.items()}
+        lines += ["", f"Paired difference to {paper.name} (the plan's own policy; percentage points, same items; 95% "
+                      "bootstrap interval; ** = excludes 0)", "", head,
+                  f"| {row.name} | " + " | ".join(fmt_diff(diff.get(k)) for k in groups + ["mean"]) + " |"]
     return "\n".join(lines), summary
 
 
@@ -179,7 +215,7 @@ def _finish(args, lm, rows, results, tables: list[str], summaries: dict, command
     print("\n" + text)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{command}.md").write_text(text + "\n")
+    atomic_write_text(out / f"{command}.md", text + "\n")
     write_json(out / f"{command}.json", {
         "command": command, "model": lm.name, "sparsity": args.sparsity, "world_size": dist.world_size(),
         "rows": [{"name": r.name, "method": r.method, "level": r.level, "decode": r.decode,

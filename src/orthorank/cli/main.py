@@ -14,6 +14,7 @@ COMMAND_MODULES = [
     "orthorank.cli.ppl",
     "orthorank.cli.bench",
     "orthorank.cli.analyze",
+    "orthorank.cli.selection_map",
     "orthorank.cli.calibrate",
     "orthorank.cli.compare",
     "orthorank.cli.zeroshot",

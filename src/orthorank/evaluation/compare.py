@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from orthorank.errors import UserError
 from orthorank.evaluation.stats import Interval, paired_perplexity_ratio, perplexity_interval
 from orthorank.method.apply import apply_plan, restore_dense
 from orthorank.method.cost import Arch
@@ -78,6 +79,21 @@ def ablation_plans(plan: Plan) -> list[tuple[str, Plan]]:
         variant = dataclasses.replace(plan, selection=dataclasses.replace(plan.selection, **change),
                                       provenance={**plan.provenance, "ablation": name})
         out.append((f"orthorank ({name})", variant))
+    return out
+
+
+def policy_plans(plan: Plan, specs: list[str]) -> list[tuple[str, Plan]]:
+    """The plan's layers (and ratios) with other selection policies: one (label, plan) per variant spec
+    (method/policies.parse_variant), so rules are compared at exactly the plan's compute."""
+    from orthorank.method.policies import parse_variant
+
+    if plan.selection is None:
+        raise UserError(f"a {plan.method} plan selects no tokens: policies do not apply to it")
+    out = []
+    for spec in specs:
+        variant = dataclasses.replace(plan, selection=dataclasses.replace(plan.selection, **parse_variant(spec)),
+                                      provenance={**plan.provenance, "policy_variant": spec})
+        out.append((f"[{spec}]", variant))
     return out
 
 
@@ -165,7 +181,10 @@ def reference_rows(row: Row, rows: list[Row]) -> list[Row]:
     if row.method == "dense":
         return []
     if row.ablation is not None:
-        return [r for r in rows if r.method == row.family and r.level == row.level]
+        own = [r for r in rows if r.method == row.family and r.level == row.level]
+        if row.ablation.startswith("policy "):  # another rule at the paper's compute: also against pruning
+            own += [r for r in rows if r.method in PRUNING and r.level == row.level]
+        return own
     if row.family == "hybrid":  # against every pruning method and OrthoRank at its level
         return [r for r in rows if r.level == row.level and r.ablation is None
                 and (r.method in PRUNING or r.family.startswith("orthorank"))]
@@ -221,6 +240,53 @@ def worst_domains(comps: list[Comparison], reference: str = "sleb") -> list[Wors
         interval, k = worst_ratio([(c.a.nll[c.dataset], c.b.nll[c.dataset], c.a.tokens[c.dataset]) for c in cs])
         out.append(WorstDomain(cs[0].a, cs[0].b, interval, cs[k].dataset, [c.dataset for c in cs]))
     return out
+
+
+@dataclass
+class Headroom:
+    row: Row
+    dataset: str
+    share: Interval  # (ppl_random - ppl_rule) / (ppl_random - ppl_oracle)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"method": self.row.method, "level": self.row.level, "dataset": self.dataset,
+                "share": None if self.share.value != self.share.value else round(self.share.value, 6),
+                "ci95": [round(self.share.low, 6), round(self.share.high, 6)], "windows": self.share.n}
+
+
+def headrooms(rows: list[Row]) -> list[Headroom]:
+    """For every level with a random row and an oracle row of OrthoRank's plan: the share of the oracle's headroom
+    over random that the paper's rule and every other policy row capture, per dataset (same windows, paired)."""
+    from orthorank.evaluation.stats import headroom_share
+
+    out = []
+    for base in [r for r in rows if r.ablation is None and r.family.startswith("orthorank")]:
+        mine = [r for r in rows if r.family == base.method and r.level == base.level]
+        random = next((r for r in mine if r.ablation in ("random", "policy random")), None)
+        oracle = next((r for r in mine if r.ablation == "policy oracle"), None)
+        if random is None or oracle is None:
+            continue
+        rules = [base] + [r for r in mine if r.ablation is not None and r.ablation.startswith("policy ")
+                          and r not in (random, oracle)]
+        for rule in rules:
+            for d in rule.nll:
+                if all(d in r.nll and r.nll[d].shape == rule.nll[d].shape for r in (random, oracle)):
+                    out.append(Headroom(rule, d, headroom_share(rule.nll[d], random.nll[d], oracle.nll[d],
+                                                                rule.tokens[d])))
+    return out
+
+
+def headroom_table(items: list[Headroom], datasets: list[str]) -> str:
+    by_row: dict[tuple[str, float], dict[str, Headroom]] = {}
+    for h in items:
+        by_row.setdefault((h.row.method, h.row.level), {})[h.dataset] = h
+    head = ["rule", "level", *[f"{d} share [95% CI]" for d in datasets]]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    for (method, level), by_d in by_row.items():
+        cells = [method, f"{level:g}"]
+        cells += [by_d[d].share.text(".2f") if d in by_d else "-" for d in datasets]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def worst_domain_table(worst: list[WorstDomain]) -> str:

@@ -181,20 +181,31 @@ def load_task(data_dir: str | Path, name: str, limit: int | None = None) -> Long
     return LongBenchTask(name, base, rows, prompts[base], int(maxlens[base]))
 
 
-def build_prompt_ids(tokenizer, task: LongBenchTask, row: dict, max_length: int, chat: bool) -> list[int]:
-    """Token ids of one example's prompt: the task template, middle-truncated to max_length tokens, then the
-    chat template where LongBench applies it."""
+def _uses_chat(tokenizer, task: LongBenchTask, chat: bool) -> bool:
+    return chat and task.base not in NO_CHAT_TASKS and bool(getattr(tokenizer, "chat_template", None))
+
+
+def prompt_text(tokenizer, task: LongBenchTask, row: dict, max_length: int, chat: bool) -> str:
+    """One example's model input as text: the task template, middle-truncated to max_length tokens, then the chat
+    template where LongBench applies it (without it the tokenizer adds its special tokens: build_prompt_ids)."""
     prompt = task.prompt.format(**row)
     ids = tokenizer(prompt, add_special_tokens=False).input_ids
     if len(ids) > max_length:
         half = max_length // 2
         prompt = tokenizer.decode(ids[:half], skip_special_tokens=True) + \
             tokenizer.decode(ids[-half:], skip_special_tokens=True)
-    if chat and task.base not in NO_CHAT_TASKS and getattr(tokenizer, "chat_template", None):
-        text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+    if _uses_chat(tokenizer, task, chat):
+        return tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
                                              add_generation_prompt=True)
+    return prompt
+
+
+def build_prompt_ids(tokenizer, task: LongBenchTask, row: dict, max_length: int, chat: bool) -> list[int]:
+    """Token ids of one example's prompt (prompt_text, tokenized as LongBench does)."""
+    text = prompt_text(tokenizer, task, row, max_length, chat)
+    if _uses_chat(tokenizer, task, chat):
         return tokenizer(text, add_special_tokens=False).input_ids
-    return tokenizer(prompt).input_ids
+    return tokenizer(text).input_ids
 
 
 def middle_truncate(ids: list[int], max_length: int) -> list[int]:

@@ -24,6 +24,7 @@ class Row:
     level: float | None
     plan: Plan
     decode: str | None = None
+    variant: str | None = None  # a selection policy variant on the OrthoRank plan's layers (None: the plan's own)
 
     def applied(self) -> Plan:
         if self.plan.method != "orthorank" or self.decode is None:

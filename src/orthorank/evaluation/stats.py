@@ -142,3 +142,29 @@ def worst_ratio(pairs: list[tuple], *, iters: int = DEFAULT_ITERS, seed: int = 0
         draws.append(np.exp((a[idx].sum(1) - b[idx].sum(1)) / tok[idx].sum(1)))
     worst = int(np.argmax(values))
     return _interval(values[worst], np.max(np.stack(draws), axis=0), level, min(sizes)), worst
+
+
+def headroom_share(nll_rule, nll_random, nll_oracle, tokens, *, iters: int = DEFAULT_ITERS, seed: int = 0,
+                   level: float = DEFAULT_LEVEL) -> Interval:
+    """The share of the oracle's headroom over random selection that a rule captures, on the same windows:
+    (ppl_random - ppl_rule) / (ppl_random - ppl_oracle), with a paired bootstrap interval (the same resampled
+    windows for all three). 1 = as good as the oracle, 0 = no better than random, < 0 = worse than random. A draw
+    where the oracle is no better than random has no headroom to share and is left out (NaN when every draw is)."""
+    r, a, o = (np.asarray(x, dtype=np.float64) for x in (nll_rule, nll_random, nll_oracle))
+    if not (r.shape == a.shape == o.shape):
+        raise ValueError(f"headroom needs the same windows: {r.shape}, {a.shape}, {o.shape}")
+    tok = np.broadcast_to(np.asarray(tokens, dtype=np.float64), r.shape)
+
+    def share(rs, as_, os_, ts):
+        p_rule, p_rand, p_orc = np.exp(rs / ts), np.exp(as_ / ts), np.exp(os_ / ts)
+        gap = p_rand - p_orc
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(gap > 0, (p_rand - p_rule) / gap, np.nan)
+
+    value = float(share(r.sum(), a.sum(), o.sum(), tok.sum()))
+    idx = resample_indices(r.size, iters, seed)
+    draws = share(r[idx].sum(1), a[idx].sum(1), o[idx].sum(1), tok[idx].sum(1))
+    draws = draws[~np.isnan(draws)]
+    if draws.size == 0 or math.isnan(value):
+        return Interval(value, math.nan, math.nan, level, r.size)
+    return _interval(value, draws, level, r.size)

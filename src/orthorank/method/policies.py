@@ -116,3 +116,35 @@ def always_update(valid: torch.Tensor | None, B: int, T: int, keep_recent: int, 
         from_left = counts.cumsum(1)  # 1 for the sink (the first real token)
         out |= real & (from_left >= 2) & (from_left <= keep_first + 1)
     return out
+
+
+_MODIFIERS = {"recent": "keep_recent", "first": "keep_first"}
+
+
+def parse_variant(spec: str) -> dict[str, object]:
+    """A policy variant, NAME[+recent=W][+first=W] (e.g. "orthogonal+recent=64", or "+recent=64" for the plan's
+    own policy with the modifier), as SelectionConfig changes."""
+    name, *mods = spec.strip().split("+")
+    change: dict[str, object] = {}
+    if name:
+        get_policy(name)
+        change["order"] = name
+    for mod in mods:
+        key, _, value = mod.partition("=")
+        if key not in _MODIFIERS or not value.isdigit():
+            raise UserError(f"cannot read the policy variant {spec!r}: write NAME[+recent=W][+first=W], e.g. "
+                            "orthogonal+recent=64 (policies: " + ", ".join(POLICIES) + ")")
+        change[_MODIFIERS[key]] = int(value)
+    if not change:
+        raise UserError(f"the policy variant {spec!r} names no policy or modifier")
+    return change
+
+
+def parse_variants(text: str) -> list[str]:
+    """Comma-separated variant specs, each checked; returns them stripped, in order, without repeats."""
+    specs = list(dict.fromkeys(s.strip() for s in text.split(",") if s.strip()))
+    if not specs:
+        raise UserError(f"no policy variant in {text!r}")
+    for s in specs:
+        parse_variant(s)
+    return specs

@@ -1,0 +1,156 @@
+"""`orthorank selection-map`: which tokens of a long prompt each layer of a plan updates, with the instruction,
+the needle(s) and the question marked. Writes DIR/selection-map.json and one PNG per map; `orthorank analyze
+--selection-map DIR/selection-map.json` puts them in the analysis report.
+
+    orthorank selection-map --method orthorank --sparsity 0.2 --prompts needle:2k,longbench:multi_news --out DIR
+    orthorank selection-map --plan PLAN.json --policies orthogonal,orthogonal+recent=64 --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from orthorank.cli.common import add_model_args, add_plan_args, check_plan_args, load_from_args, plan_for, \
+    saved_plan_path
+from orthorank.errors import UserError
+from orthorank.results import atomic_write_bytes, check_writable, write_json
+
+MAP_JSON = "selection-map.json"
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("selection-map", help="which tokens of a long prompt each layer of a plan updates",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_model_args(p)
+    add_plan_args(p, methods=("orthorank", "orthorank-nominal", "orthorank-speed", "hybrid"), saved=True)
+    p.add_argument("--prompts", default="needle:2k,longbench:multi_news",
+                   help="comma-separated: needle:LENGTH[:INDEX] (the long-context suite's niah_single sample), "
+                        "longbench:TASK[:INDEX] (default: the first example that fits --max-tokens untruncated)")
+    p.add_argument("--max-tokens", type=int, default=2048, help="longest LongBench prompt taken (default 2048)")
+    p.add_argument("--policies", default=None, metavar="SPECS",
+                   help="one map per policy variant on the plan's layers: NAME[+recent=W][+first=W], comma-separated")
+    p.add_argument("--data-dir", default=None)
+    p.add_argument("--out", required=True, help=f"folder for {MAP_JSON} and the figures")
+    p.add_argument("--overwrite", action="store_true")
+    p.set_defaults(func=run)
+
+
+def _needle(lm, spec: list[str], data_dir):
+    from orthorank.analysis.selection_map import needle_spans, tokenize_with_spans
+    from orthorank.evaluation.longctx_suite import SuiteBuilder, load_pools, parse_lengths
+
+    if len(spec) not in (2, 3):
+        raise UserError("write needle:LENGTH[:INDEX], e.g. needle:2k")
+    length = parse_lengths(spec[1])[0]
+    index = _index(spec, 0)
+    sample = SuiteBuilder(lm.tokenizer, load_pools(data_dir)).sample("niah_single", length, index)
+    ids, spans = tokenize_with_spans(lm.tokenizer, sample.prompt, needle_spans(sample.prompt))
+    return f"niah_single {length} #{index}", ids, spans
+
+
+def _index(spec: list[str], default: int | None) -> int | None:
+    if len(spec) < 3:
+        return default
+    if not spec[2].isdigit():
+        raise UserError(f"the example index {spec[2]!r} is not a whole number")
+    return int(spec[2])
+
+
+def _longbench(lm, spec: list[str], data_dir, max_tokens: int):
+    from orthorank.analysis.selection_map import template_spans, tokenize_with_spans
+    from orthorank.evaluation.data import find_data_dir
+    from orthorank.evaluation.longbench import load_task, prompt_text
+
+    if len(spec) not in (2, 3):
+        raise UserError("write longbench:TASK[:INDEX], e.g. longbench:multi_news")
+    root = Path(data_dir) if data_dir else find_data_dir()
+    if root is None:
+        raise UserError("LongBench files not found: pass --data-dir")
+    task = load_task(Path(root) / "longbench" if (Path(root) / "longbench").is_dir() else Path(root), spec[1])
+    wanted = _index(spec, None)
+    for i, row in enumerate(task.rows):
+        if wanted is not None and i != wanted:
+            continue
+        text = prompt_text(lm.tokenizer, task, row, max_length=max_tokens, chat=True)
+        inner = task.prompt.format(**row)
+        if inner not in text:  # truncated
+            if wanted is not None:
+                raise UserError(f"{spec[1]} example {i} does not fit {max_tokens} tokens; raise --max-tokens")
+            continue
+        chat = text != inner  # the chat template spells its special tokens; a bare prompt gets the tokenizer's
+        ids, spans = tokenize_with_spans(lm.tokenizer, text, template_spans(text, inner, row["context"]),
+                                         add_special_tokens=not chat)
+        return f"{task.name} #{i}", ids, spans
+    raise UserError(f"no {spec[1]} example fits {max_tokens} tokens untruncated; raise --max-tokens")
+
+
+def _prompts(lm, text: str, data_dir, max_tokens: int):
+    out = []
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        spec = part.split(":")
+        if spec[0] == "needle":
+            out.append(_needle(lm, spec, data_dir))
+        elif spec[0] == "longbench":
+            out.append(_longbench(lm, spec, data_dir, max_tokens))
+        else:
+            raise UserError(f"unknown prompt {part!r}; use needle:LENGTH[:INDEX] or longbench:TASK[:INDEX]")
+    if not out:
+        raise UserError("--prompts names no prompt")
+    return out
+
+
+def run(args) -> int:
+    from orthorank.analysis.plots import selection_map_png
+    from orthorank.analysis.selection_map import take_map
+    from orthorank.evaluation.compare import policy_plans
+    from orthorank.method.policies import parse_variants
+
+    out = Path(args.out)
+    check_writable(out / MAP_JSON, args.overwrite)
+    policies = parse_variants(args.policies) if args.policies else None
+    check_plan_args(args)
+    saved = saved_plan_path(args)
+    lm = load_from_args(args)
+    if lm.tokenizer is None:
+        raise UserError("the selection map needs a real model with a tokenizer")
+    plan = plan_for(args, lm, saved)
+    if plan.selection is None:
+        raise UserError(f"a {plan.method} plan selects no tokens; map an orthorank or hybrid plan")
+    plan.provenance.setdefault("file", str(saved or args.plan or ""))
+    variants = [("plan", plan)] if not policies else [(spec, p) for spec, (_, p) in
+                                                       zip(policies, policy_plans(plan, policies))]
+    maps = []
+    for name, ids, spans in _prompts(lm, args.prompts, args.data_dir, args.max_tokens):
+        for label, variant in variants:
+            m = take_map(lm.model, variant, ids, spans, name if label == "plan" else f"{name} [{label}]")
+            maps.append(m)
+            s = m.summary()
+            shares = ", ".join(f"{k} {v['mean']:.2f}" for k, v in s["span_share_updated"].items())
+            print(f"{m.name}: {m.tokens} tokens; share updated per selection layer: all {s['overall_share_updated']:.2f}"
+                  f", {shares}; last token updated in {s['last_token_updated_in']} of {s['selection_layers']} "
+                  "selection layers")
+    out.mkdir(parents=True, exist_ok=True)
+    figures = []
+    for i, m in enumerate(maps):
+        path = out / f"selection-map-{i}.png"
+        atomic_write_bytes(path, selection_map_png(m, lm.name))
+        figures.append(path.name)
+    write_json(out / MAP_JSON, {"command": "selection-map", "model": lm.name, "maps": [m.to_dict() for m in maps],
+                                "figures": figures}, device=lm.device, overwrite=True)
+    print(f"wrote {out / MAP_JSON} and {len(figures)} figure(s)")
+    return 0
+
+
+def load_maps(path: str | Path) -> list:
+    """The maps of a selection-map JSON (for the analysis report)."""
+    from orthorank.analysis.selection_map import SelectionMap
+
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise UserError(f"cannot read the selection map {path}: {exc}") from None
+    if not isinstance(data, dict) or data.get("command") != "selection-map":
+        raise UserError(f"{path} is not an `orthorank selection-map` result")
+    return [SelectionMap.from_dict(m) for m in data.get("maps", [])]
