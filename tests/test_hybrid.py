@@ -611,3 +611,51 @@ def test_interrupted_hybrid_search_resumes_to_the_same_plans(calib, tmp_path):
     assert ck.resumed == 3 and seen == targets
     assert again.plans == full.plans and again.reached == full.reached
     assert [s.to_dict() for s in again.steps] == [s.to_dict() for s in full.steps]
+
+
+# -- per-layer keep ratios at exactly pruning's compute (calibrate --method orthorank-ratios) ---------------------
+
+def test_match_exactly_lands_within_one_token_of_the_target():
+    from orthorank.bench.cost_table import FlopCostTable
+    from orthorank.search.hybrid import match_exactly
+
+    arch = Arch(num_layers=6, hidden=64, heads=4, kv_heads=2, head_dim=16, ffn=128, vocab=256)
+    table = FlopCostTable.build(arch, 512, [0.25, 0.5], "m", {"num_layers": 6})
+    target = table.predicted_speedup({1: REMOVE})
+    over = {1: 0.25, 2: 0.25}  # overshoots the target
+    assert table.predicted_speedup(over) > target
+    exact = match_exactly(over, 2, target, table)
+    assert exact[1] == 0.25 and 0.25 < exact[2] <= 1.0 and exact[2] * 512 == int(exact[2] * 512)
+    assert abs(table.compute_sparsity(exact) - (1 - 1 / target)) < 0.005 * (1 - 1 / target)
+    assert table.fraction(0.25) == pytest.approx(table.selective["0.25"])
+
+
+def test_calibrate_orthorank_ratios_cli(tiny_hf_folder, tmp_path, capsys):
+    from cli_helpers import assert_user_error, run_cli
+
+    text = tmp_path / "calib.txt"
+    text.write_text("Some calibration text about many different things. " * 200)
+    args = ["calibrate", "--model", tiny_hf_folder, "--method", "orthorank-ratios", "--calib-data", text,
+            "--calib-samples", "4", "--seq-len", "32", "--threads", "1", "--cost-seq-len", "512"]
+    code, out, err = run_cli(capsys, *args, "--sparsity", "0.2,0.25", "--ratios", "0.25,0.5",
+                             "--policy", "norm", "--out-dir", tmp_path / "plans")
+    assert code == 0, err
+    arch = None
+    for s in (0.2, 0.25):
+        plan = Plan.load(tmp_path / "plans" / f"orthorank-ratios-{s:g}.json")
+        arch = Arch(**plan.arch)
+        target = compute_sparsity(arch, 512, "prune", math.ceil(s * 4 - 1e-9))
+        got = plan.sparsity(arch, 512)["compute"]
+        assert plan.method == "hybrid" and not plan.removed_layers and plan.selection.order == "norm"
+        assert abs(got - target) <= 0.005 * target, (got, target)  # within 0.5% of pruning's compute
+        assert plan.provenance["compute_sparsity"] == pytest.approx(got, abs=1e-6)
+        assert set(plan.actions) <= {1, 2} and all(0.25 <= float(r) <= 1.0 for r in plan.actions.values())
+    # the plan runs through the other commands
+    code, out, err = run_cli(capsys, "ppl", "--model", tiny_hf_folder, "--plan",
+                             tmp_path / "plans" / "orthorank-ratios-0.2.json", "--dataset", text, "--seq-len", "32",
+                             "--max-windows", "2", "--threads", "1")
+    assert code == 0, err
+    o = ["-o", tmp_path / "x.json"]
+    assert_user_error(capsys, "not --cost-table", *args, "--sparsity", "0.2", "--cost-table", text, *o)
+    assert_user_error(capsys, "needs --sparsity", *args, *o)
+    assert_user_error(capsys, "out of reach", *args, "--sparsity", "0.75", "--ratios", "0.5", *o)

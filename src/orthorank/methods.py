@@ -55,6 +55,11 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     # predicted speed-up of removing ceil(s L) layers; `bench` does not time hybrid plans (benchmarks/hybrid.py does).
     Method("hybrid", "hybrid", "this project: greedy remove / select / keep per layer at a measured speed-up target",
            search="hybrid"),
+    # Per-layer keep ratios: the hybrid search without removals, on the FLOP cost model, to pruning's compute at
+    # each level, the last move's ratio then set so that the compute matches exactly (`calibrate --method
+    # orthorank-ratios --sparsity S`; any --policy).
+    Method("orthorank-ratios", "hybrid", "this project: OrthoRank with its own keep ratio per layer, greedy over "
+           "(layer, ratio) at exactly pruning's compute", search="orthorank-ratios"),
     Method("spread-orthorank", "orthorank", "token selection in evenly spread layers (speed measurements)",
            layers="spread"),
     Method("spread-prune", "prune", "removal of evenly spread layers (speed measurements)", layers="spread"),

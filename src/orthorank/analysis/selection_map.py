@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from orthorank.errors import UserError
-from orthorank.method.apply import apply_plan, restore_dense, selective_layers
+from orthorank.method.apply import apply_plan, restore_dense, selective
 from orthorank.method.plan import Plan
 from orthorank.models.adapters import get_adapter
 
@@ -141,7 +141,10 @@ def take_map(model: nn.Module, plan: Plan, input_ids: list[int], spans: dict[str
     try:
         model(input_ids=torch.tensor([input_ids], device=device), use_cache=False)
         kept: dict[int, list[int]] = {}
-        for index, sel in sorted(selective_layers(model).items()):
+        # the decoder's layers now (removed ones are out of the list; selective ones keep their original index)
+        installed = [s for s in map(selective, adapter.layers(model)) if s is not None]
+        for sel in sorted(installed, key=lambda s: s.layer_index):
+            index = sel.layer_index
             keep = sel.last_keep  # None: the layer ran densely (e.g. ratio 1)
             kept[index] = list(range(len(input_ids))) if keep is None else torch.nonzero(keep[0]).flatten().tolist()
     finally:

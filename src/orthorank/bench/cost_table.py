@@ -213,6 +213,34 @@ class CostTable:
 # -- measuring ------------------------------------------------------------------------------------------------------
 
 
+@dataclass
+class FlopCostTable(CostTable):
+    """A cost table of FLOPs instead of measured seconds (the cost model of method/cost.py at `seq_len` tokens):
+    a "speed-up" on it is dense FLOPs / plan FLOPs = 1 / (1 - compute sparsity). It prices any keep ratio (K / T
+    for a whole number of kept tokens), so a search on it can be matched to a compute target exactly."""
+
+    arch: Any = None  # method.cost.Arch
+
+    def fraction(self, ratio: float) -> float:
+        from orthorank.method.cost import layer_flops, selection_layer_flops
+
+        if not 0.0 < ratio <= 1.0:
+            raise UserError(f"selection ratio must be in (0, 1], got {ratio:g}")
+        return selection_layer_flops(self.arch, self.seq_len, ratio) / layer_flops(self.arch, self.seq_len).dense
+
+    @classmethod
+    def build(cls, arch, seq_len: int, ratios: list[float], model: str, signature: dict[str, Any]) -> "FlopCostTable":
+        from orthorank.method.cost import head_flops, layer_flops
+
+        table = cls(model, signature, {"kind": "flop count"}, "-", 1, seq_len, layer_flops(arch, seq_len).dense,
+                    head_flops(arch), {}, source=f"the FLOP count at {seq_len} tokens", arch=arch)
+        table.selective = {ratio_key(r): table.fraction(r) for r in ratios}
+        return table
+
+    def compute_sparsity(self, actions: dict[int, str | float]) -> float:
+        return 1.0 - self.model_cost(actions) / self.model_cost({})
+
+
 def parse_ratios(text: str | list[float] | tuple[float, ...]) -> list[float]:
     if isinstance(text, (list, tuple)):
         values = [float(v) for v in text]

@@ -83,7 +83,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args) -> int:
-    if args.method == "hybrid":
+    if args.method in ("hybrid", "orthorank-ratios"):
         from orthorank.cli.calibrate_hybrid import run_hybrid
 
         return run_hybrid(args)

@@ -3,7 +3,9 @@ a measured cost table, to one or more predicted speed-up targets (orthorank.sear
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import json
 import math
 import sys
 from pathlib import Path
@@ -26,12 +28,50 @@ def target_label(target: float) -> str:
     return f"x{target:g}"
 
 
+def _table_targets(args, table, parse_ratios, parse_sparsities, check_targets, sparsity_label, REMOVE):
+    """Ratios, levels, file names, targets and output paths of a hybrid search on a measured cost table."""
+    from orthorank.results import check_writable
+
+    ratios = parse_ratios(args.ratios) if args.ratios is not None else table.ratios
+    for r in ratios:
+        table.fraction(r)
+    L = table.num_layers
+    candidates = list(range(1, L - 1))
+    if args.target_speedup is not None:
+        targets = parse_targets(args.target_speedup)
+        levels = {t: [None] for t in targets}
+        names = {t: [f"hybrid-{target_label(t)}.json"] for t in targets}
+    else:
+        levels = {}
+        for s in parse_sparsities(args.sparsity):
+            removed = min(L, math.ceil(s * L - 1e-9))
+            if removed == 0:
+                raise UserError(f"sparsity {s:g} removes no layer of {L}; it names no speed-up")
+            levels.setdefault(table.predicted_speedup({i: REMOVE for i in range(removed)}), []).append(s)
+        targets = sorted(levels)
+        names = {t: [f"hybrid-{sparsity_label(s)}.json" for s in levels[t]] for t in targets}
+    check_targets(targets, table, candidates)
+    if args.output and sum(len(v) for v in levels.values()) > 1:
+        raise UserError("-o takes one level; use --out-dir for several")
+    outputs = {t: [Path(args.output)] if args.output else [Path(args.out_dir) / n for n in names[t]]
+               for t in targets}
+    for paths in outputs.values():
+        for path in paths:
+            check_writable(path, args.overwrite)
+    return ratios, levels, names, targets, outputs
+
+
+DEFAULT_LAYER_RATIOS = (0.25, 0.33, 0.5)
+
+
 def run_hybrid(args) -> int:
+    """`--method hybrid` (a measured cost table, removals allowed) and `--method orthorank-ratios` (the FLOP cost
+    model, no removals, the last move's ratio set so that the compute equals pruning's exactly)."""
     from orthorank import distributed as dist
     from orthorank.search.calibration import calibration_set
-    from orthorank.search.hybrid import check_targets, hybrid_search
+    from orthorank.search.hybrid import check_targets, hybrid_search, match_exactly
     from orthorank.search.layer_search import StackRunner
-    from orthorank.bench.cost_table import CostTable, device_description, parse_ratios
+    from orthorank.bench.cost_table import CostTable, FlopCostTable, device_description, parse_ratios
     from orthorank.cli.calibration_options import parse_sparsities
     from orthorank.cli.common import load_from_args, selection_from_args
     from orthorank.method.apply import restore_dense
@@ -41,42 +81,36 @@ def run_hybrid(args) -> int:
     from orthorank.models.loading import check_context
     from orthorank.results import check_writable
 
-    if args.cost_table is None:
+    ratios_mode = args.method == "orthorank-ratios"
+    if ratios_mode:
+        if args.cost_table is not None or args.target_speedup is not None:
+            raise UserError("--method orthorank-ratios matches pruning's compute (the FLOP count); it takes "
+                            "--sparsity, not --cost-table or --target-speedup")
+        if args.sparsity is None:
+            raise UserError("--method orthorank-ratios needs --sparsity")
+    elif args.cost_table is None:
         raise UserError("--method hybrid needs --cost-table FILE (measure it on the target device with "
                         "`orthorank bench --cost-table FILE`)")
     if (args.target_speedup is None) == (args.sparsity is None):
         raise UserError("--method hybrid takes either --target-speedup X (predicted speed-ups) or --sparsity S "
                         "(the speed-up of removing ceil(S L) layers), not both and not neither")
     if args.ratio is not None:
-        raise UserError("--ratio is OrthoRank's one ratio; a hybrid search takes --ratios")
+        raise UserError(f"--ratio is OrthoRank's one ratio; a {args.method} search takes --ratios")
     if args.match != ["compute"]:
-        raise UserError("--match applies to OrthoRank's layer count, not to hybrid searches")
-    table = CostTable.load(args.cost_table)  # a missing or garbled table fails before the model loads
-    ratios = parse_ratios(args.ratios) if args.ratios is not None else table.ratios
-    for r in ratios:
-        table.fraction(r)
-    L = table.num_layers
-    candidates = list(range(1, L - 1))  # first and last layer are never touched (as in SLEB and OrthoRank)
-    if args.target_speedup is not None:
-        targets = parse_targets(args.target_speedup)
-        levels = {t: None for t in targets}
-        names = {t: f"hybrid-{target_label(t)}.json" for t in targets}
-    else:
+        raise UserError(f"--match applies to OrthoRank's layer count, not to {args.method} searches")
+    if ratios_mode:
+        table = None
+        ratios = parse_ratios(args.ratios) if args.ratios is not None else list(DEFAULT_LAYER_RATIOS)
         sparsities = parse_sparsities(args.sparsity)
-        levels = {}
+        names = {s: f"orthorank-ratios-{sparsity_label(s)}.json" for s in sparsities}
+        if args.output and len(sparsities) > 1:
+            raise UserError("-o takes one sparsity; use --out-dir for several")
         for s in sparsities:
-            removed = min(L, math.ceil(s * L - 1e-9))
-            if removed == 0:
-                raise UserError(f"sparsity {s:g} removes no layer of {L}; it names no speed-up")
-            levels[table.predicted_speedup({i: REMOVE for i in range(removed)})] = s
-        targets = sorted(levels)
-        names = {t: f"hybrid-{sparsity_label(levels[t])}.json" for t in targets}
-    check_targets(targets, table, candidates)
-    if args.output and len(targets) > 1:
-        raise UserError("-o takes one target; use --out-dir for several")
-    outputs = {t: Path(args.output) if args.output else Path(args.out_dir) / names[t] for t in targets}
-    for path in outputs.values():
-        check_writable(path, args.overwrite)
+            check_writable(Path(args.output) if args.output else Path(args.out_dir) / names[s], args.overwrite)
+    else:
+        table = CostTable.load(args.cost_table)  # a missing or garbled table fails before the model loads
+        ratios, levels, names, targets, outputs = _table_targets(args, table, parse_ratios, parse_sparsities,
+                                                                 check_targets, sparsity_label, REMOVE)
 
     dist.init(args.device)
     from orthorank.cli.calibration_options import calibration_samples, check_calibration_source
@@ -86,10 +120,25 @@ def run_hybrid(args) -> int:
     lm = load_from_args(args)
     if lm.tokenizer is None:
         raise UserError("calibration needs a real model with a tokenizer")
-    table.check_model(lm.name, lm.signature())
-    table.check_device(device_description(lm.device))
     restore_dense(lm.model)
     arch = Arch.from_config(lm.config, lm.num_layers)
+    if ratios_mode:  # targets: pruning's compute at each level, on the FLOP count at --cost-seq-len
+        table = FlopCostTable.build(arch, args.cost_seq_len, ratios, lm.name, lm.signature())
+        L = table.num_layers
+        levels = {}
+        for s in sparsities:
+            removed = min(L, math.ceil(s * L - 1e-9))
+            if removed == 0:
+                raise UserError(f"sparsity {s:g} removes no layer of {L}; it names no compute target")
+            levels.setdefault(table.predicted_speedup({i: REMOVE for i in range(removed)}), []).append(s)
+        targets = sorted(levels)
+        outputs = {t: [Path(args.output)] if args.output else [Path(args.out_dir) / names[s] for s in levels[t]]
+                   for t in targets}
+        check_targets(targets, table, list(range(1, L - 1)), ratios, remove=False)
+    else:
+        table.check_model(lm.name, lm.signature())
+        table.check_device(device_description(lm.device))
+    candidates = list(range(1, table.num_layers - 1))  # first and last layer are never touched (as in SLEB)
     selection = selection_from_args(args)
     calib = calibration_set(lm.tokenizer, args.calib_data, samples, args.seq_len, args.seed, args.data_dir)
     check_context(lm.model, args.seq_len)
@@ -99,13 +148,15 @@ def run_hybrid(args) -> int:
     screen = max(1, math.ceil(args.screen_fraction * len(runner.batches) - 1e-9))
     screen = None if args.exhaustive or screen >= len(runner.batches) else screen
     say = print if dist.is_main() else (lambda *a, **k: None)
-    say(f"hybrid: targets {', '.join(f'{t:.4f}x' for t in targets)} on {table.source} "
-        f"({table.device.get('name')}, {table.dtype}, {table.batch} x {table.seq_len}); ratios "
+    say(f"{args.method}: targets {', '.join(f'{t:.4f}x' for t in targets)} on {table.source} "
+        + ("" if ratios_mode else f"({table.device.get('name')}, {table.dtype}, {table.batch} x {table.seq_len})")
+        + "; ratios "
         f"{', '.join(f'{r:g}' for r in ratios)}; calibration {samples} x {args.seq_len} tokens from "
         f"{args.calib_data} (seed {args.seed})" + (", exhaustive" if screen is None else
                                                   f", screening on {screen} of {len(runner.batches)} batches")
         + f", {dist.world_size()} process(es)")
-    table_digest = hashlib.sha256(Path(args.cost_table).read_bytes()).hexdigest()[:16]
+    table_digest = (hashlib.sha256(json.dumps(table.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
+                    if ratios_mode else hashlib.sha256(Path(args.cost_table).read_bytes()).hexdigest()[:16])
 
     made: dict[float, Plan] = {}
 
@@ -114,23 +165,38 @@ def run_hybrid(args) -> int:
         killed midway leaves no plan file; its steps are in the checkpoint and a rerun resumes from them)."""
         if not dist.is_main():
             return
-        actions = result.plans[t]
         n = result.reached[t]
+        if ratios_mode:  # the last move overshot the compute target: its layer keeps a few more tokens
+            searched = result.plans[t]
+            actions = match_exactly(searched, result.steps[n - 1].layer, t, table)
+            basis = {"search": "orthorank-ratios",
+                     "reference": "this project: OrthoRank with a keep ratio per layer, greedy over (layer, ratio), "
+                                  "lowest loss increase per unit of compute saved (orthorank.search.hybrid without "
+                                  "removals), the last move's ratio then set to match pruning's compute exactly",
+                     "target_compute_sparsity": round(1 - 1 / t, 6),
+                     "compute_sparsity": round(table.compute_sparsity(actions), 6),
+                     "exact_match": {"layer": result.steps[n - 1].layer, "searched_ratio": searched[
+                         result.steps[n - 1].layer], "ratio": actions[result.steps[n - 1].layer],
+                                     "seq_len": table.seq_len},
+                     "level": "the compute sparsity of removing ceil(s L) layers"}
+        else:
+            actions = result.plans[t]
+            basis = {"search": "hybrid",
+                     "reference": "this project: greedy remove / select / keep per layer, lowest loss increase per "
+                                  "unit of predicted time saved (orthorank.search.hybrid)",
+                     "target_speedup": round(t, 6),
+                     "predicted_speedup": round(table.predicted_speedup(actions), 6),
+                     "level": ("the predicted speed-up of removing ceil(s L) layers" if levels[t][0] is not None
+                               else "a predicted speed-up"),
+                     "cost_table": {"path": str(args.cost_table), "sha256": table_digest, "device": table.device,
+                                    "dtype": table.dtype, "batch": table.batch, "seq_len": table.seq_len,
+                                    "dense_layer_s": table.dense_layer_s, "rest_s": table.rest_s,
+                                    "selective_fraction": table.selective}}
         plan = Plan(
             method="hybrid", layers=[], model=lm.name, signature=lm.signature(), selection=selection,
-            target_sparsity=levels[t], arch=dict(arch.__dict__), actions=actions,
+            target_sparsity=levels[t][0], arch=dict(arch.__dict__), actions=actions,
             provenance={
-                "search": "hybrid",
-                "reference": "this project: greedy remove / select / keep per layer, lowest loss increase per unit "
-                             "of predicted time saved (orthorank.search.hybrid)",
-                "target_speedup": round(t, 6),
-                "predicted_speedup": round(table.predicted_speedup(actions), 6),
-                "level": ("the predicted speed-up of removing ceil(s L) layers" if levels[t] is not None
-                          else "a predicted speed-up"),
-                "cost_table": {"path": str(args.cost_table), "sha256": table_digest, "device": table.device,
-                               "dtype": table.dtype, "batch": table.batch, "seq_len": table.seq_len,
-                               "dense_layer_s": table.dense_layer_s, "rest_s": table.rest_s,
-                               "selective_fraction": table.selective},
+                **basis,
                 "ratios": ratios,
                 "cost_seq_len": args.cost_seq_len,
                 "steps": [s.to_dict() for s in result.steps[:n]],
@@ -146,9 +212,11 @@ def run_hybrid(args) -> int:
             },
         )
         made[t] = plan
-        sel = {i: c.ratio for i, c in plan.selection_layers.items()}
-        print(f"  target {t:.4f}x: predicted {plan.provenance['predicted_speedup']:.4f}x after {n} steps; removed "
-              f"{plan.removed_layers}, selection {sel}; calibration loss {plan.provenance['loss']:.4f}",
+        sel = {i: round(c.ratio, 4) for i, c in plan.selection_layers.items()}
+        reach = (f"compute {plan.provenance['compute_sparsity']:.4f} (target {plan.provenance['target_compute_sparsity']:.4f})"
+                 if ratios_mode else f"predicted {plan.provenance['predicted_speedup']:.4f}x")
+        print(f"  target {t:.4f}x: {reach} after {n} steps; removed {plan.removed_layers}, selection {sel}; "
+              f"calibration loss {plan.provenance['loss']:.4f}" + (" (before the exact match)" if ratios_mode else ""),
               flush=True)
 
     from orthorank.search.checkpoint import Checkpoint
@@ -157,20 +225,23 @@ def run_hybrid(args) -> int:
     settings = {"cost_table": table_digest, "targets": targets, "ratios": ratios, "candidates": candidates,
                 "selection": selection.to_dict(), "screen_batches": screen,
                 "recheck": None if screen is None else args.recheck, "race_alpha": None if screen is None else ALPHA}
-    checkpoint = Checkpoint.open(store_from_args(args), runner, "hybrid", settings, code="hybrid-search")
+    if ratios_mode:
+        settings["remove"] = False
+    checkpoint = Checkpoint.open(store_from_args(args), runner, args.method, settings, code="hybrid-search")
     try:
         result = hybrid_search(runner, table, targets, ratios, candidates, selection, progress=True,
                                screen_batches=screen, recheck=args.recheck, log=say, on_reached=write,
-                               checkpoint=checkpoint)
+                               checkpoint=checkpoint, remove=not ratios_mode)
     except KeyboardInterrupt:
         where = f"in {checkpoint.folder}" if checkpoint.folder is not None else "nowhere (--no-store)"
         print(f"orthorank calibrate: interrupted; {checkpoint.resumed + checkpoint.written} finished step entries "
               f"kept {where}; run the same command again to resume from there", file=sys.stderr)
         return 130
-    say(f"hybrid: search took {result.seconds:.1f}s, {len(result.steps)} steps ({result.evaluations} move "
+    say(f"{args.method}: search took {result.seconds:.1f}s, {len(result.steps)} steps ({result.evaluations} move "
         f"evaluations; dense calibration loss {result.dense_loss:.4f})"
         + (f"; resumed {checkpoint.resumed} stored step(s)" if checkpoint.resumed else ""))
     for t, plan in made.items():
-        plan.save(outputs[t], overwrite=args.overwrite)
-        print(f"  wrote {outputs[t]}")
+        for path, level in zip(outputs[t], levels[t]):  # levels that name the same target share its plan
+            dataclasses.replace(plan, target_sparsity=level).save(path, overwrite=args.overwrite)
+            print(f"  wrote {path}")
     return 0

@@ -42,13 +42,6 @@ def selective(layer: nn.Module) -> SelectiveLayer | None:
     return getattr(layer, _LAYER_ATTR, None)
 
 
-def selective_layers(model: nn.Module) -> dict[int, SelectiveLayer]:
-    """The selection layers of the plan applied to `model`, by original layer index (empty when dense)."""
-    state = getattr(model, _STATE, None)
-    layers = state["layers"] if state is not None else []
-    return {sel.layer_index: sel for sel in (selective(l) for l in layers) if sel is not None}
-
-
 def apply_orthorank(model: nn.Module, layers: list[int], config: SelectionConfig) -> nn.Module:
     """Make the given decoder layers token-selective, in place."""
     return apply_hybrid(model, [], {i: config for i in layers})

@@ -86,8 +86,9 @@ def _sort_key(move: Move) -> tuple:
 
 
 def moves_from(actions: dict[int, str | float], candidates: list[int], ratios: list[float],
-               table: CostTable) -> list[Move]:
-    """Every move that makes one candidate layer cheaper on the cost table."""
+               table: CostTable, remove: bool = True) -> list[Move]:
+    """Every move that makes one candidate layer cheaper on the cost table (without removals when not `remove`:
+    the per-layer-ratio search)."""
     out = []
     for i in candidates:
         now = actions.get(i)
@@ -97,21 +98,55 @@ def moves_from(actions: dict[int, str | float], candidates: list[int], ratios: l
         for r in ratios:
             if (now is None or r < float(now)) and table.layer_cost(r) < cost:
                 out.append((i, r))
-        out.append((i, REMOVE))
+        if remove:
+            out.append((i, REMOVE))
     return sorted(out, key=_sort_key)
 
 
-def check_targets(targets: list[float], table: CostTable, candidates: list[int]) -> list[float]:
+def check_targets(targets: list[float], table: CostTable, candidates: list[int], ratios: list[float] | None = None,
+                  remove: bool = True) -> list[float]:
     if not targets:
         raise UserError("give at least one --target-speedup")
-    best = table.max_speedup(candidates)
+    if remove:
+        best, how = table.max_speedup(candidates), "removing every one"
+    else:
+        r = min(ratios)
+        best, how = table.predicted_speedup({i: r for i in candidates}), f"selection at ratio {r:g} in every one"
     for t in targets:
         if not t > 1.0:
             raise UserError(f"--target-speedup must be above 1 (1 is the dense model), got {t:g}")
         if t > best + 1e-12:
-            raise UserError(f"target speed-up {t:g} is out of reach: removing every one of the {len(candidates)} "
-                            f"layers the search may change gives {best:.3f}x on {table.source}")
+            raise UserError(f"target {t:g} is out of reach: {how} of the {len(candidates)} layers the search may "
+                            f"change gives {best:.3f}x on {table.source}")
     return sorted(set(targets))
+
+
+def match_exactly(actions: dict[int, str | float], layer: int, target: float, table) -> dict[int, str | float]:
+    """Raise the keep ratio of `layer` (the search's last move, which overshot `target`) until the plan's predicted
+    speed-up on a FLOP table is as close to `target` as a whole number of kept tokens allows. Only the last move
+    is changed: the layers and the other ratios stay the search's choice, and the layer keeps at least what the
+    move gave it."""
+    from orthorank.method.selection import keep_count
+
+    T = table.seq_len
+    now = actions[layer]
+    if now == REMOVE:
+        return dict(actions)
+
+    def speedup(k: int) -> float:
+        return table.predicted_speedup({**actions, layer: k / T})
+
+    lo, hi = keep_count(T, float(now)), T
+    if speedup(lo) <= target:
+        return dict(actions)
+    while hi - lo > 1:  # invariant: speedup(lo) > target >= speedup(hi)
+        mid = (lo + hi) // 2
+        if speedup(mid) > target:
+            lo = mid
+        else:
+            hi = mid
+    k = lo if abs(speedup(lo) - target) <= abs(speedup(hi) - target) else hi
+    return {**actions, layer: k / T}
 
 
 def hybrid_search(runner: StackRunner, table: CostTable, targets: list[float], ratios: list[float],
@@ -119,7 +154,7 @@ def hybrid_search(runner: StackRunner, table: CostTable, targets: list[float], r
                   screen_batches: int | None = None, recheck: int = 3,
                   log: Callable[[str], None] | None = None,
                   on_reached: Callable[[float, HybridResult], None] | None = None,
-                  checkpoint=None) -> HybridResult:
+                  checkpoint=None, remove: bool = True) -> HybridResult:
     """The greedy search above; `on_reached(target, result)` is called as each target is reached. With a
     `checkpoint` (search/checkpoint.py) every step is stored as it is taken and the stored steps of an earlier,
     interrupted run are replayed first (their targets reported again through `on_reached`)."""
@@ -134,7 +169,7 @@ def hybrid_search(runner: StackRunner, table: CostTable, targets: list[float], r
         raise UserError(f"{table.source} is for {table.num_layers} layers, the model has {len(runner.layers)}")
     for r in ratios:
         table.fraction(r)  # every ratio searched must be on the table
-    targets = check_targets(targets, table, candidates)
+    targets = check_targets(targets, table, candidates, ratios, remove)
     dense_cost = table.model_cost({})
     actions: dict[int, str | float] = {}
     config: dict = {}
@@ -193,7 +228,7 @@ def hybrid_search(runner: StackRunner, table: CostTable, targets: list[float], r
         return merged
 
     while pending:
-        moves = moves_from(actions, candidates, ratios, table)
+        moves = moves_from(actions, candidates, ratios, table, remove)
         if not moves:  # cannot happen after check_targets; kept as a guard
             raise UserError(f"no move left before reaching {pending[0]:g}x")
         now_cost = table.model_cost(actions)
