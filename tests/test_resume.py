@@ -194,3 +194,108 @@ def test_ctrl_c_says_what_was_kept_and_how_to_resume(slow_setup, tmp_path):
     lines = [line for line in err.strip().splitlines() if "interrupted" in line]
     assert len(lines) == 1 and "run the same command again to resume" in lines[0] and "Traceback" not in err
     assert not (tmp_path / "plan.json").exists()
+
+
+# -- the store across code versions and concurrent processes (orthorank.store.fill) ---------------------------------
+
+def _square(log: list | None = None):
+    def compute(idx):
+        if log is not None:
+            log.append(list(idx))
+        return {i: {"v": float(i * i) + 0.5} for i in idx}
+    return compute
+
+
+def values_old(store):
+    from orthorank.store import fill
+
+    return fill(store.namespace("perplexity", {"model": "m", "data": "d", "code": "old"}), range(10), _square(),
+                chunk=2)
+
+
+def test_refactor_keeps_stored_results_only_when_a_recomputed_sample_agrees(tmp_path):
+    import warnings
+
+    from orthorank.store import ResultStore, fill
+
+    store = ResultStore(tmp_path / "store")
+    old = store.namespace("perplexity", {"model": "m", "data": "d", "code": "old"})
+    fill(old, range(10), _square(), chunk=2)
+    # same key, new code, same numbers: only the first and last chunks are recomputed, the rest carried over
+    log: list = []
+    new = store.namespace("perplexity", {"model": "m", "data": "d", "code": "new"})
+    values = fill(new, range(10), _square(log), chunk=2)
+    assert log == [[0, 1], [8, 9]] and values == fill(old, range(10), _square(), chunk=2)
+    carried = json.loads((new.folder / "carried.json").read_text())
+    assert carried["from_code"] == "old" and carried["checked"] == [0, 1, 8, 9] and carried["entries"] == 6
+    assert fill(new, range(10), _square(log), chunk=2) == values and len(log) == 2  # read back, nothing computed
+    # new code that changes the numbers: everything is recomputed, nothing carried
+    log.clear()
+
+    def changed(idx):
+        log.append(list(idx))
+        return {i: {"v": float(i * i) + 0.75} for i in idx}
+
+    other = store.namespace("perplexity", {"model": "m", "data": "d", "code": "newer"})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        values = fill(other, range(10), changed, chunk=2)
+    assert any("differ" in str(w.message) for w in caught)  # from both earlier versions
+    assert sorted(map(tuple, log)) == [(0, 1), (2, 3), (4, 5), (6, 7), (8, 9)] and values[4] == {"v": 16.75}
+    assert not (other.folder / "carried.json").exists()
+    # a key that already computed some chunks checks against those and computes nothing more
+    log.clear()
+    part = store.namespace("perplexity", {"model": "m", "data": "d", "code": "newest"})
+    fill(part, range(4), _square(log), chunk=2)  # carried too: its two chunks are the checks
+    assert fill(part, range(10), _square(log), chunk=2) == values_old(store) and len(log) == 2
+    # another key (other data) never borrows
+    log.clear()
+    fill(store.namespace("perplexity", {"model": "m", "data": "e", "code": "new"}), range(4), _square(log), chunk=2)
+    assert len(log) == 2
+
+
+def test_a_claimed_chunk_is_left_to_its_live_holder_and_taken_over_from_a_dead_one(tmp_path):
+    import os
+
+    from orthorank.store import ResultStore, fill
+
+    ns = ResultStore(tmp_path / "store").namespace("perplexity", {"model": "m"})
+    held = ns.claim([0, 1])
+    assert held is not None and ns.claim([0, 1]) is None  # this process is alive: held
+    held.unlink()
+    # a claim written by a process that is gone (a pid that does not exist here)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (ns.folder / "c-0000000-0000001.claim").write_text(json.dumps(
+        {"pid": int(dead.stdout), "host": __import__("socket").gethostname(), "time": 0}))
+    log: list = []
+    assert fill(ns, range(4), _square(log), chunk=2)[1] == {"v": 1.5} and sorted(map(tuple, log)) == [(0, 1), (2, 3)]
+    assert not list(ns.folder.glob("*.claim")) and os.path.isdir(ns.folder)
+
+
+_CONCURRENT = r"""
+import json, sys, time
+sys.path.insert(0, sys.argv[1])
+from orthorank.store import ResultStore, fill
+log = open(sys.argv[3], "a")
+def compute(idx):
+    log.write(json.dumps(idx) + "\n"); log.flush()
+    time.sleep(0.15)
+    return {i: {"v": float(i * i)} for i in idx}
+ns = ResultStore(sys.argv[2]).namespace("perplexity", {"model": "shared"})
+print(json.dumps(fill(ns, range(24), compute, chunk=2)))
+"""
+
+
+def test_two_processes_on_one_store_split_the_work_and_agree(tmp_path):
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    script = tmp_path / "worker.py"
+    script.write_text(_CONCURRENT)
+    procs = [subprocess.Popen([sys.executable, str(script), src, str(tmp_path / "store"), str(tmp_path / f"log{k}")],
+                              stdout=subprocess.PIPE, text=True) for k in range(2)]
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs)
+    assert json.loads(outs[0]) == json.loads(outs[1]) and len(json.loads(outs[0])) == 24
+    computed = [tuple(json.loads(line)) for k in range(2) for line in (tmp_path / f"log{k}").read_text().splitlines()]
+    assert sorted(computed) == [(i, i + 1) for i in range(0, 24, 2)]  # every chunk once, by one of the two
+    assert all((tmp_path / f"log{k}").read_text() for k in range(2))  # and both did some of it
+    assert not list((tmp_path / "store").rglob("*.claim")) and not list((tmp_path / "store").rglob("*.part"))

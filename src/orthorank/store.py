@@ -6,6 +6,21 @@ written atomically (temporary file, fsync, rename), so a run killed mid-write lo
 A run reads what is there and computes the rest; shards computed elsewhere merge by copying their entry files
 into the same folder (`merge`). An entry made under another key lives in another folder and is never read; a
 corrupt entry file raises an error naming it (or, with recompute=True, is set aside and its entries recomputed).
+
+Two more rules in `fill`:
+- Carry-over across code versions. A change to a numeric module's code is a new key, so a refactor that keeps every
+  number would throw hours of results away. When the same key under an earlier code version holds entries this one
+  lacks, two chunks (ones already computed here, else its first and last, computed now) are compared with the
+  stored values
+  (floats to CARRY_RTOL = 1e-5 relative, float32 rounding; everything else exactly); only if they agree are the earlier entries taken over, and
+  the namespace records where they came from (carried.json). A refactor that changes numbers fails the check and
+  everything is recomputed.
+- Claims for concurrent runs. Before computing a chunk a process creates <folder>/c-<first>-<last>.claim with
+  O_EXCL (atomic on a local or NFSv3+ file system; a lock file held per chunk, not per store, so two runs with
+  overlapping work split it instead of queueing behind each other). A chunk another live process has claimed is
+  left for later; when its claim goes away the entries are read back, or, if the claimer died without writing them
+  (a stale claim: its pid is gone on this host, or the claim is older than CLAIM_TIMEOUT_S), the chunk is claimed
+  and computed here. Runs under torchrun split chunks across ranks already and do not claim.
 """
 
 from __future__ import annotations
@@ -15,7 +30,9 @@ import hashlib
 import json
 import os
 import shutil
+import socket
 import tempfile
+import time
 import warnings
 from pathlib import Path
 from typing import Any, Iterable
@@ -166,6 +183,45 @@ class Namespace:
                 out.setdefault(int(k), v)
         return out
 
+    def predecessors(self) -> list["Namespace"]:
+        """Namespaces of this key under earlier code versions, those with the most entry files first (then the
+        most recently written)."""
+        key = {k: v for k, v in self.key.items() if k != "code"}
+        if "code" not in self.key or not self.folder.parent.is_dir():
+            return []
+        found = []
+        for meta in self.folder.parent.glob("*/meta.json"):
+            if meta.parent == self.folder:
+                continue
+            try:
+                other = json.loads(meta.read_text())
+            except (OSError, json.JSONDecodeError):
+                continue
+            if "code" in other and {k: v for k, v in other.items() if k != "code"} == json.loads(_canonical(key)):
+                files = list(meta.parent.glob("e-*.json"))
+                if files:
+                    newest = max(f.stat().st_mtime for f in files)
+                    found.append((-len(files), -newest, Namespace(meta.parent, other, self.recompute_corrupt)))
+        return [ns for _, _, ns in sorted(found, key=lambda t: t[:2])]
+
+    def claim(self, chunk: list[int]) -> Path | None:
+        """Claim a chunk for this process: the claim file's path, or None when a live process holds it."""
+        self._ensure()
+        path = self.folder / f"c-{chunk[0]:07d}-{chunk[-1]:07d}.claim"
+        body = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "time": time.time()}).encode()
+        for _ in range(2):
+            try:
+                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                if not _stale(path):
+                    return None
+                path.unlink(missing_ok=True)  # its holder died: take it over
+                continue
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(body)
+            return path
+        return None
+
     def put(self, entries: dict[int, Any], tag: str = "") -> Path:
         """Write entries atomically as one file (call from one process: rank 0)."""
         self._ensure()
@@ -235,6 +291,112 @@ class ResultStore:
         return moved
 
 
+CLAIM_TIMEOUT_S = 6 * 3600.0  # a claim from another host older than this is taken over (its holder is presumed gone)
+CLAIM_POLL_S = 0.5
+# float32 sums in another order (a thread count, a kernel's choice) differ by about 1e-6 relative (a window's NLL:
+# 2338.8354 vs 2338.8325); a change to what is computed moves them by orders of magnitude more.
+CARRY_RTOL = 1e-5
+
+
+def _stale(path: Path) -> bool:
+    """A claim whose holder is gone: a dead pid on this host, an unreadable claim, or one older than the timeout."""
+    try:
+        info = json.loads(path.read_text())
+        pid, host, when = int(info["pid"]), str(info["host"]), float(info["time"])
+    except FileNotFoundError:
+        return False  # released meanwhile: not stale, just gone (the caller retries)
+    except (OSError, ValueError, KeyError, TypeError):
+        try:  # half-written by a process killed between creating and writing it
+            return time.time() - path.stat().st_mtime > 5.0
+        except FileNotFoundError:
+            return False
+    if host == socket.gethostname():
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+        return False
+    return time.time() - when > CLAIM_TIMEOUT_S
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Stored values agree: floats to CARRY_RTOL relative (1e-9 absolute), everything else exactly."""
+    if isinstance(a, float) or isinstance(b, float):
+        try:
+            return abs(float(a) - float(b)) <= CARRY_RTOL * max(abs(float(a)), abs(float(b))) + 1e-9
+        except (TypeError, ValueError):
+            return False
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+def _carry_over(namespace: Namespace, chunks: list[list[int]], compute, tag: str,
+                done: dict[int, Any]) -> dict[int, Any]:
+    """`done` plus the entries of the same key under an earlier code version, taken over from the first (most
+    entries) whose values agree on two chunks: ones already computed here, else its first and last, computed now
+    (see the module docstring)."""
+    done = dict(done)
+    for old in namespace.predecessors():
+        stored = old.load()
+        missing = [c for c in chunks if all(i in stored for i in c) and not all(i in done for i in c)]
+        if not missing:
+            continue
+        checks = [c for c in chunks if all(i in stored and i in done for i in c)][:2]
+        for c in [missing[0], missing[-1]][:max(0, 2 - len(checks))]:
+            if c in checks:
+                continue
+            new = compute(c)
+            namespace.put(new, tag)
+            done.update(new)
+            checks.append(c)
+        if not all(_same(done[i], stored[i]) for c in checks for i in c):
+            warnings.warn(f"results under an earlier code version in {old.folder} differ from this code's; not "
+                          "taken over")
+            continue
+        carried = {i: v for i, v in stored.items() if i not in done}
+        if carried:
+            namespace.put(carried, "carried")
+            done.update(carried)
+        _atomic_write(namespace.folder / "carried.json", json.dumps({
+            "from": str(old.folder), "from_code": old.key.get("code"), "to_code": namespace.key.get("code"),
+            "checked": sorted(i for c in checks for i in c), "entries": len(carried)}, indent=1).encode())
+        break
+    return done
+
+
+def _fill_claiming(namespace: Namespace, chunks: list[list[int]], done: dict[int, Any], compute,
+                   tag: str) -> None:
+    """One process's fill with claims: compute the chunks nobody holds, then wait for (or take over) the rest."""
+    waiting = list(chunks)
+    while waiting:
+        held = []
+        for c in waiting:
+            if all(i in done for i in c):
+                continue
+            path = namespace.claim(c)
+            if path is None:
+                held.append(c)
+                continue
+            try:
+                done.update({i: v for i, v in namespace.load().items() if i not in done})  # finished meanwhile?
+                if not all(i in done for i in c):
+                    new = {i: v for i, v in compute(c).items() if i not in done}
+                    if new:
+                        done.update(new)
+                        namespace.put(new, tag)
+            finally:
+                path.unlink(missing_ok=True)
+        if held:
+            time.sleep(CLAIM_POLL_S)
+            done.update({i: v for i, v in namespace.load().items() if i not in done})
+        waiting = [c for c in held if not all(i in done for i in c)]
+
+
 def fill(namespace: Namespace | None, indices: Iterable[int], compute, chunk: int, tag: str = "") -> dict[int, Any]:
     """Values for `indices`: read from the store, the rest computed `chunk` indices at a time by `compute(list)`
     -> {index: value} across the ranks of a distributed run, each chunk written as soon as it is done.
@@ -244,10 +406,14 @@ def fill(namespace: Namespace | None, indices: Iterable[int], compute, chunk: in
     from orthorank import distributed as dist
 
     indices = list(indices)
-    done = dist.broadcast(namespace.load() if namespace is not None and dist.is_main() else {})
     chunks = [indices[i:i + chunk] for i in range(0, len(indices), chunk)]
-    todo = [c for c in chunks if not all(i in done for i in c)]
     n = dist.world_size()
+    if namespace is not None and n == 1:
+        done = _carry_over(namespace, chunks, compute, tag, namespace.load())
+        _fill_claiming(namespace, chunks, done, compute, tag)
+        return {i: done[i] for i in indices}
+    done = dist.broadcast(namespace.load() if namespace is not None and dist.is_main() else {})
+    todo = [c for c in chunks if not all(i in done for i in c)]
     for start in range(0, len(todo), n):
         group = todo[start:start + n]
         mine = group[dist.rank()] if dist.rank() < len(group) else []
