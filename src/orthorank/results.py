@@ -108,5 +108,10 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
 def write_json(path: str | Path, payload: dict[str, Any], *, device=None, overwrite: bool = False) -> Path:
     path = Path(path)
     check_writable(path, overwrite)
+    from orthorank.bench.memory import measured
+
     body = {**payload, "environment": environment(device)}
+    memory = measured()
+    if memory and "memory" not in body:
+        body["memory"] = memory
     return atomic_write_text(path, json.dumps(body, indent=2, default=str) + "\n")

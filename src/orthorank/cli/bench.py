@@ -18,7 +18,7 @@ from orthorank.method.cost import Arch
 from orthorank.methods import METHODS, get_method
 from orthorank.bench.runner import MODES, RunSettings, method_specs, run_layer, run_methods
 from orthorank.cli.common import (
-    add_model_args, add_output_args, add_selection_args, finite_float, load_from_args, positive_int,
+    add_model_args, add_output_args, add_selection_args, check_memory, finite_float, load_from_args, positive_int,
     selection_from_args,
 )
 from orthorank.errors import UserError
@@ -139,6 +139,8 @@ def run(args) -> int:
     check_writable(args.json_out, args.overwrite)
     plans = [(path, Plan.load(path)) for path in args.plan]
     lm = load_from_args(args)
+    if not args.fit_batch:  # with --fit-batch an out-of-memory batch is halved and retried instead
+        check_memory(lm, max(args.batch), args.seq_len, "bench")
     for path, plan in plans:
         plan.check_model(lm.name, lm.signature())
         if plan.method == "dense":

@@ -19,7 +19,7 @@ from orthorank.cli.calibration_options import (
     match_rules, parse_sparsities, token_count,
 )
 from orthorank.cli.common import (
-    add_model_args, add_selection_args, add_store_args, finite_float, load_from_args, positive_int,
+    add_model_args, add_selection_args, add_store_args, check_memory, finite_float, load_from_args, positive_int,
     selection_from_args, store_from_args,
 )
 from orthorank.errors import UserError
@@ -134,6 +134,7 @@ def run(args) -> int:
                                  args.cost_seq_len) for rule, s in jobs]
     calib = calibration_set(lm.tokenizer, args.calib_data, samples, args.seq_len, args.seed, args.data_dir)
     check_context(lm.model, args.seq_len)
+    check_memory(lm, args.batch_size, args.seq_len, "calibrate", loss=True)
     runner = StackRunner(lm.model, calib.windows, args.batch_size)
     screen = max(1, math.ceil(args.screen_fraction * len(runner.batches) - 1e-9))
     screen = None if args.exhaustive or screen >= len(runner.batches) else screen

@@ -73,7 +73,7 @@ def run_hybrid(args) -> int:
     from orthorank.search.layer_search import StackRunner
     from orthorank.bench.cost_table import CostTable, FlopCostTable, device_description, parse_ratios
     from orthorank.cli.calibration_options import parse_sparsities
-    from orthorank.cli.common import load_from_args, selection_from_args
+    from orthorank.cli.common import check_memory, load_from_args, selection_from_args
     from orthorank.method.apply import restore_dense
     from orthorank.method.cost import Arch
     from orthorank.method.plan import REMOVE, Plan
@@ -142,6 +142,7 @@ def run_hybrid(args) -> int:
     selection = selection_from_args(args)
     calib = calibration_set(lm.tokenizer, args.calib_data, samples, args.seq_len, args.seed, args.data_dir)
     check_context(lm.model, args.seq_len)
+    check_memory(lm, args.batch_size, args.seq_len, args.method, loss=True)
     runner = StackRunner(lm.model, calib.windows, args.batch_size)
     if not 0.0 < args.screen_fraction <= 1.0:
         raise UserError(f"--screen-fraction must be in (0, 1], got {args.screen_fraction}")

@@ -126,7 +126,18 @@ def load_from_args(args) -> LoadedModel:
                     num_layers=getattr(args, "num_layers", None), max_memory=getattr(args, "max_memory", None),
                     offload_dir=getattr(args, "offload_dir", None))
     print(lm.description(), file=sys.stderr, flush=True)
+    from orthorank.bench.memory import start_meter
+
+    start_meter(lm.device)  # result files record the peak above the model from here on
     return lm
+
+
+def check_memory(lm: LoadedModel, batch: int, tokens: int, what: str, *, loss: bool = False,
+                 new_tokens: int = 0) -> None:
+    """Stop before a run whose batch x tokens would not fit in the memory available (bench/memory.py)."""
+    from orthorank.bench.memory import check_fits
+
+    check_fits(lm.model, batch, tokens, what=what, loss=loss, new_tokens=new_tokens, device=lm.device)
 
 
 def _saved_plan(args, lm: LoadedModel, path) -> Plan:

@@ -11,7 +11,9 @@ from pathlib import Path
 
 from orthorank import distributed as dist
 from orthorank.cli.calibration_options import parse_sparsities
-from orthorank.cli.common import add_model_args, add_store_args, load_from_args, positive_int, store_from_args
+from orthorank.cli.common import (
+    add_model_args, add_store_args, check_memory, load_from_args, positive_int, store_from_args,
+)
 from orthorank.errors import UserError
 from orthorank.evaluation.compare import (
     Row, ablation_plans, comparison_table, policy_plans, comparisons, dataset_stream, evaluate_rows, markdown_table,
@@ -202,6 +204,7 @@ def run(args) -> int:
     streams = {d: dataset_stream(lm.tokenizer, d, p.text, args.seq_len) for d, p in parts.items()}
     windows = {d: make_windows(s, args.seq_len, args.max_windows) for d, s in streams.items()}
     check_context(lm.model, args.seq_len)
+    check_memory(lm, args.batch_size, args.seq_len, "compare", loss=True)
     overlap = calibration_overlap(lm.tokenizer, rows, windows, args.data_dir)
     say = print if dist.is_main() else (lambda *a, **k: None)
     from orthorank.store import model_fingerprint

@@ -12,7 +12,8 @@ import sys
 from pathlib import Path
 
 from orthorank.cli.common import (
-    add_model_args, add_output_args, add_plan_args, check_plan_args, load_from_args, plan_for, positive_int,
+    add_model_args, add_output_args, add_plan_args, check_memory, check_plan_args, load_from_args, plan_for,
+    positive_int,
     saved_plan_path,
 )
 from orthorank.errors import UserError
@@ -76,6 +77,8 @@ def run(args) -> int:
     rows = encode(lm.tokenizer, prompts, args.chat)
     for r in rows:
         check_context(lm.model, len(r) + args.max_new_tokens)
+    check_memory(lm, min(args.batch_size, len(rows)), max(map(len, rows)),
+                 "generate", new_tokens=args.max_new_tokens)
     apply_plan(lm.model, plan)
     results, timings = [], []
     try:

@@ -146,6 +146,16 @@ def _evaluate(args, lm, rows: list[Row], parts: list[tuple[str, list[Item], dict
     return results
 
 
+def _check_memory(args, lm, parts) -> None:
+    """The longest prompt with the most new tokens, at the batch asked, must fit (bench/memory.py)."""
+    from orthorank.cli.common import check_memory
+
+    items = [it for _, its, _ in parts for it in its]
+    if items:
+        check_memory(lm, min(args.batch_size, len(items)), max(len(it.ids) for it in items), args.command,
+                     new_tokens=max(it.max_new_tokens for it in items))
+
+
 def _longbench_scope(data_dir: Path, tasks) -> str:
     """Which examples a LongBench table covers, e.g. "multi_news: first 20 of 200 examples (a slice)"."""
     parts, sliced = [], False
@@ -252,6 +262,7 @@ def run_suite(args) -> int:
                                   s.max_new_tokens, lambda text, a=s.answers: score(text, a)))
         parts.append((f"{length} tokens", items,
                       {"tasks": tasks, "length": length, "samples": args.samples, "seed": args.seed}))
+    _check_memory(args, lm, parts)
     results = _evaluate(args, lm, rows, parts, "ruler-offline")
     tables, summaries = [], {}
     for length in lengths:
@@ -338,6 +349,7 @@ def run_longbench(args) -> int:
                               stop_tokens(lm.tokenizer, task)))
         parts.append((task.name, items, {"task": task.name, "limit": args.limit, "max_length": args.max_length,
                                          "chat": not args.no_chat}))
+    _check_memory(args, lm, parts)
     results = _evaluate(args, lm, rows, parts, "longbench-v1")
     ref = "dense" if "dense" in results else None
     scope = _longbench_scope(data_dir, tasks)

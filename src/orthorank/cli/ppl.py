@@ -8,7 +8,7 @@ import argparse
 import time
 
 from orthorank.cli.common import (
-    add_model_args, add_output_args, add_plan_args, load_from_args, plan_from_args, positive_int,
+    add_model_args, add_output_args, add_plan_args, check_memory, load_from_args, plan_from_args, positive_int,
 )
 from orthorank.evaluation.data import load_eval_text
 from orthorank.evaluation.compare import dataset_stream
@@ -45,6 +45,7 @@ def run(args) -> int:
     windows = make_windows(dataset_stream(lm.tokenizer, args.dataset, text, args.seq_len), args.seq_len,
                            args.max_windows)
     check_context(lm.model, args.seq_len)
+    check_memory(lm, args.batch_size, args.seq_len, "ppl", loss=True)
     arch = Arch.from_config(lm.config, lm.num_layers)
     apply_plan(lm.model, plan)
     start = time.perf_counter()

@@ -1,0 +1,238 @@
+"""Memory: the peak a run reaches above the loaded model, measured; and an estimate made before the run, so that a
+batch or prompt that will not fit stops with a message instead of being killed by the system.
+
+Measured: on CPU the resident set's high-water mark (VmHWM), reset after the model is loaded by writing 5 to
+/proc/self/clear_refs (Linux >= 4.0), so it covers this run and not the loading (which, for a GGUF file, peaks far
+above the model: ru_maxrss never goes down, which is why the long-context table once reported 0 MB); elsewhere the
+process's ru_maxrss minus the resident set after loading (a lower bound, said so). On CUDA the allocator's peak.
+
+Estimated (bytes above the loaded model) for a forward over B x T tokens of a decoder: the largest of
+- inside a layer: the residual stream and its normed copy, Q/K/V, the attention output, and the MLP's gate, up and
+  product, B T (4 D + q + 2 kv + 3 F) values; eager attention adds its B H T S scores and probabilities;
+- at the head: the logits, B T V values (generation: B V, the last position only), and for perplexity the cross-entropy's float32 log-probabilities (a second
+  B T V) and, for B > 1, the contiguous copy of the shifted logits (a third);
+plus the KV cache when one is kept (2 L B kv (T + new) values). Values are the model dtype's size, logits float32.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from orthorank.errors import UserError
+
+MIB = 2**20
+# Memory kept free beside the estimate: the allocator's slack, Python, tokenizers and libraries' buffers.
+HEADROOM = 0.9
+
+
+def _status_kib(field: str) -> int | None:
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def rss_bytes() -> int:
+    kib = _status_kib("VmRSS")
+    if kib is not None:
+        return kib * 1024
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss if sys.platform == "darwin" else rss * 1024
+
+
+def _reset_hwm() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+        return True
+    except OSError:
+        return False
+
+
+class PeakMeter:
+    """The peak memory of what runs after `start()` above the memory in use at that moment (the loaded model)."""
+
+    def __init__(self, device: torch.device | str | None = None) -> None:
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self.base = 0
+        self.how = ""
+        self.started = False
+
+    def start(self) -> "PeakMeter":
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self.base = torch.cuda.memory_allocated(self.device)
+            self.how = "CUDA allocator peak above the allocation after loading"
+        else:
+            self.base = rss_bytes()
+            exact = _reset_hwm() and _status_kib("VmHWM") is not None
+            self.how = ("resident-set high-water mark (VmHWM, reset after loading) above the resident set after "
+                        "loading" if exact else "ru_maxrss above the resident set after loading (a lower bound: "
+                        "the loading's own peak is not reset)")
+        self.started = True
+        return self
+
+    def peak_above_bytes(self) -> int:
+        if self.device.type == "cuda":
+            return max(0, torch.cuda.max_memory_allocated(self.device) - self.base)
+        hwm = _status_kib("VmHWM")
+        peak = hwm * 1024 if hwm is not None else rss_bytes()
+        return max(0, peak - self.base)
+
+    def to_dict(self) -> dict[str, Any]:
+        if not self.started:
+            return {}
+        return {"peak_above_model_mib": round(self.peak_above_bytes() / MIB, 1),
+                "model_resident_mib": round(self.base / MIB, 1), "how": self.how}
+
+
+# One meter per process, started when a command has loaded its model; result files record what it saw.
+METER: PeakMeter | None = None
+
+
+def start_meter(device) -> PeakMeter:
+    global METER
+    METER = PeakMeter(device).start()
+    return METER
+
+
+def measured() -> dict[str, Any]:
+    return METER.to_dict() if METER is not None else {}
+
+
+# -- estimate ---------------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Shape:
+    """What a memory estimate needs from a model config."""
+
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int
+    vocab: int
+    eager: bool  # eager attention materializes B H T S scores
+    value_bytes: int
+
+    @classmethod
+    def of(cls, model) -> "Shape":
+        c = getattr(model.config, "text_config", None) or model.config
+        heads = int(c.num_attention_heads)
+        attn = getattr(model.config, "_attn_implementation", None) or "eager"
+        return cls(int(c.num_hidden_layers), int(c.hidden_size), heads,
+                   int(getattr(c, "num_key_value_heads", None) or heads),
+                   int(getattr(c, "head_dim", None) or c.hidden_size // heads), int(c.intermediate_size),
+                   int(c.vocab_size), attn == "eager", next(model.parameters()).element_size())
+
+
+def estimate_bytes(shape: Shape, batch: int, tokens: int, *, loss: bool = False, cache_tokens: int = 0,
+                   all_logits: bool = True) -> int:
+    """Peak bytes above the loaded model of one forward over batch x tokens (see the module docstring);
+    cache_tokens > 0 keeps a KV cache of that many positions per row; all_logits=False: the head runs on each
+    row's last position only (generation)."""
+    s = shape
+    bt = batch * tokens
+    head_rows = bt if all_logits else batch
+    q, kv = s.heads * s.head_dim, s.kv_heads * s.head_dim
+    layer = bt * (4 * s.hidden + q + 2 * kv + 3 * s.ffn) * s.value_bytes
+    if s.eager:
+        keys = tokens + cache_tokens
+        layer += 2 * batch * s.heads * tokens * keys * s.value_bytes
+    head = head_rows * s.vocab * 4 * (1 + (1 if loss else 0) + (1 if loss and batch > 1 else 0))
+    cache = 2 * s.layers * batch * kv * cache_tokens * s.value_bytes
+    return int(max(layer, head) + cache + bt * s.hidden * s.value_bytes)
+
+
+def available_bytes(device) -> int | None:
+    """Memory this process may still use: the GPU's free memory, or on CPU MemAvailable (bounded by a cgroup
+    limit where one is set). None where it cannot be read."""
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free)
+    avail = None
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    avail = int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    for limit_file, used_file in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                                  ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                                   "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+        try:
+            limit = open(limit_file).read().strip()
+            used = int(open(used_file).read().strip())
+        except (OSError, ValueError):
+            continue
+        if limit.isdigit() and int(limit) < 1 << 60:
+            avail = min(avail, int(limit) - used) if avail is not None else int(limit) - used
+        break
+    return avail
+
+
+def check_fits(model, batch: int, tokens: int, *, what: str, loss: bool = False, new_tokens: int = 0,
+               device=None, available: int | None = None) -> int:
+    """Stop with a one-line error when a forward of batch x tokens (plus new_tokens generated with a cache) would
+    not fit in the memory available, naming the largest batch and the longest prompt that fit. Returns the
+    estimate in bytes."""
+    shape = Shape.of(model)
+    cache = tokens + new_tokens if new_tokens else 0
+    need = estimate_bytes(shape, batch, tokens, loss=loss, cache_tokens=cache, all_logits=not new_tokens)
+    free = available if available is not None else limit_bytes(device)
+    if free is None or need <= HEADROOM * free:
+        return need
+    budget = HEADROOM * free
+
+    def fits(b: int, t: int) -> bool:
+        return estimate_bytes(shape, b, t, loss=loss, cache_tokens=(t + new_tokens) if new_tokens else 0,
+                              all_logits=not new_tokens) <= budget
+
+    best_batch = max((b for b in range(1, batch) if fits(b, tokens)), default=0)
+    lo, hi = 0, tokens  # the longest prompt at batch 1
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(1, mid) else (lo, mid)
+    hint = (f"batch {best_batch} fits at {tokens} tokens" if best_batch else f"at batch 1 at most {lo} tokens fit"
+            if lo else "not even a short prompt fits")
+    raise UserError(f"{what}: batch {batch} x {tokens} tokens{f' + {new_tokens} new' if new_tokens else ''} needs "
+                    f"about {need / 2**30:.1f} GiB above the loaded model, but only {free / 2**30:.1f} GiB is "
+                    f"available; {hint}")
+
+
+def gib(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / MIB:.0f} MiB"
+
+
+def _env_override() -> int | None:
+    """ORTHORANK_MEMORY_LIMIT (e.g. 2GiB) caps the memory the guard believes is available (tests, shared hosts)."""
+    text = os.environ.get("ORTHORANK_MEMORY_LIMIT")
+    if not text:
+        return None
+    from orthorank.models.loading import _bytes
+
+    return int(_bytes(text))
+
+
+def limit_bytes(device) -> int | None:
+    override = _env_override()
+    found = available_bytes(device)
+    if override is None:
+        return found
+    return override if found is None else min(override, found)
+
+
