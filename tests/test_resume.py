@@ -299,3 +299,93 @@ def test_two_processes_on_one_store_split_the_work_and_agree(tmp_path):
     assert sorted(computed) == [(i, i + 1) for i in range(0, 24, 2)]  # every chunk once, by one of the two
     assert all((tmp_path / f"log{k}").read_text() for k in range(2))  # and both did some of it
     assert not list((tmp_path / "store").rglob("*.claim")) and not list((tmp_path / "store").rglob("*.part"))
+
+
+# -- `compare` and `longctx` killed with SIGKILL at random moments --------------------------------------------------
+
+def _plans_for(folder: Path, work: Path) -> Path:
+    from orthorank.method.plan import Plan
+
+    plans = work / "plans"
+    plans.mkdir(exist_ok=True)
+    sig = {"num_layers": 10}
+    Plan("prune", [4, 7], folder.name, sig).save(plans / "sleb-0.2.json", overwrite=True)
+    Plan("orthorank", [3, 5, 7], folder.name, sig, selection=SelectionConfig(ratio=0.4)).save(
+        plans / "orthorank-0.2.json", overwrite=True)
+    return plans
+
+
+def _compare_cmd(folder, text, work):
+    return [sys.executable, "-m", "orthorank.cli.main", "compare", "--model", str(folder), "--methods",
+            "dense,sleb,orthorank", "--sparsity", "0.2", "--plans-dir", str(_plans_for(folder, work)), "--datasets",
+            str(text), "--seq-len", "64", "--max-windows", "24", "--threads", "1", "--store", "store", "--out", "out",
+            "--overwrite"]
+
+
+def _compare_result(work):
+    rows = json.loads((work / "out" / "compare.json").read_text())["rows"]
+    return [(r["method"], next(v["window_nll"] for k, v in r.items() if isinstance(v, dict) and "window_nll" in v))
+            for r in rows]
+
+
+def _longctx_cmd(folder, text, work):
+    return [sys.executable, "-m", "orthorank.cli.main", "longctx", "--model", str(folder), "--methods",
+            "dense,sleb,orthorank", "--sparsity", "0.2", "--plans-dir", str(_plans_for(folder, work)), "--decode",
+            "dense", "--tasks", "niah_single", "--lengths", "256", "--samples", "8", "--batch-size", "2",
+            "--threads", "1", "--store", "store", "--out", "out", "--overwrite"]
+
+
+def _longctx_result(work):
+    return json.loads((work / "out" / "longctx.json").read_text())["items"]
+
+
+def _kill_command_trials(slow_setup, tmp_path, trials, command, result):
+    """As _kill_trials, for an evaluation command: SIGKILL at a uniform moment of an uninterrupted run, rerun,
+    and the results must equal the uninterrupted run's; nothing visible is half-written."""
+    folder, text = slow_setup
+    ref = tmp_path / "ref"
+    ref.mkdir()
+    started = time.perf_counter()
+    done = subprocess.run(command(folder, text, ref), cwd=ref, env=_env(), capture_output=True, text=True,
+                          timeout=600)
+    wall = time.perf_counter() - started
+    assert done.returncode == 0, done.stderr[-2000:]
+    expected = result(ref)
+    rng = random.Random(4321)
+    outcomes = []
+    for trial in range(trials):
+        work = tmp_path / f"t{trial}"
+        work.mkdir()
+        proc = subprocess.Popen(command(folder, text, work), cwd=work, env=_env(), stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        time.sleep(rng.uniform(0.05, 1.0) * wall)
+        killed = proc.poll() is None
+        if killed:
+            proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        _no_partial_files(work)
+        kept = len(list((work / "store").rglob("e-*.json"))) if (work / "store").exists() else 0
+        again = subprocess.run(command(folder, text, work), cwd=work, env=_env(), capture_output=True, text=True,
+                               timeout=600)
+        assert again.returncode == 0, again.stderr[-2000:]
+        assert result(work) == expected, f"trial {trial}: resumed results differ"
+        _no_partial_files(work)
+        assert not list(work.rglob("*.claim")), "a claim outlived its run"
+        outcomes.append({"killed": killed, "entries_kept": kept})
+    return outcomes
+
+
+@pytest.mark.data
+@pytest.mark.parametrize("command", ["compare", "longctx"])
+def test_evaluations_killed_at_random_moments_resume_to_the_same_results(slow_setup, tmp_path, command):
+    cmd, res = {"compare": (_compare_cmd, _compare_result), "longctx": (_longctx_cmd, _longctx_result)}[command]
+    _kill_command_trials(slow_setup, tmp_path, 3, cmd, res)
+
+
+@pytest.mark.slow
+@pytest.mark.data
+@pytest.mark.parametrize("command", ["compare", "longctx"])
+def test_evaluations_killed_ten_times(slow_setup, tmp_path, command):
+    cmd, res = {"compare": (_compare_cmd, _compare_result), "longctx": (_longctx_cmd, _longctx_result)}[command]
+    outcomes = _kill_command_trials(slow_setup, tmp_path, 10, cmd, res)
+    print(f"{command}: {sum(o['killed'] for o in outcomes)} of 10 runs killed, all resumed to the same results")
