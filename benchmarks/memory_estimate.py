@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -24,15 +26,8 @@ from orthorank.models.loading import load_model  # noqa: E402
 from orthorank.results import atomic_write_text, write_json  # noqa: E402
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--dtype", default="float32")
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--lengths", default="1024,2048,4096,8192,16384")
-    p.add_argument("--new-tokens", type=int, default=16)
-    p.add_argument("--out", default="benchmarks/results/memory")
-    args = p.parse_args()
+def measure_one(args, kind: str, T: int) -> dict:
+    """One case in this (fresh) process: load, warm up, reset the peak, run, read the peak."""
     torch.set_num_threads(args.threads)
     lm = load_model(args.model, dtype=args.dtype)
     model = lm.model.eval()
@@ -41,35 +36,58 @@ def main() -> int:
         window_nll(model, torch.randint(100, shape.vocab - 1, (1, 256)))
         model.generate(torch.randint(100, shape.vocab - 1, (1, 64)), max_new_tokens=2, do_sample=False,
                        pad_token_id=0)
+    ids = torch.randint(100, shape.vocab - 1, (1, T), generator=torch.Generator().manual_seed(T))
+    gc.collect()
+    meter = PeakMeter(lm.device).start()
+    with torch.no_grad():
+        if kind == "perplexity":
+            window_nll(model, ids)
+            est = estimate_bytes(shape, 1, T, loss=True)
+        else:
+            model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.new_tokens,
+                           min_new_tokens=args.new_tokens, do_sample=False, pad_token_id=0)
+            est = estimate_bytes(shape, 1, T, cache_tokens=T + args.new_tokens, all_logits=False)
+    got = meter.peak_above_bytes()
+    return {"kind": kind, "tokens": T, "estimate_mib": round(est / 2**20, 1), "measured_mib": round(got / 2**20, 1),
+            "ratio": round(est / got, 3) if got else None, "how": meter.how, "model": lm.name}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--lengths", default="1024,2048,4096,8192,16384")
+    p.add_argument("--new-tokens", type=int, default=16)
+    p.add_argument("--out", default="benchmarks/results/memory")
+    p.add_argument("--one", nargs=2, metavar=("KIND", "TOKENS"), help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.one:
+        print("RESULT " + json.dumps(measure_one(args, args.one[0], int(args.one[1]))), flush=True)
+        return 0
     rows = []
     for T in (int(x) for x in args.lengths.split(",")):
-        ids = torch.randint(100, shape.vocab - 1, (1, T), generator=torch.Generator().manual_seed(T))
-        for kind in ("perplexity", "generation"):
-            gc.collect()
-            meter = PeakMeter(lm.device).start()
-            with torch.no_grad():
-                if kind == "perplexity":
-                    window_nll(model, ids)
-                    est = estimate_bytes(shape, 1, T, loss=True)
-                else:
-                    model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.new_tokens,
-                                   min_new_tokens=args.new_tokens, do_sample=False,
-                                   pad_token_id=lm.tokenizer.eos_token_id if lm.tokenizer else 0)
-                    est = estimate_bytes(shape, 1, T, cache_tokens=T + args.new_tokens, all_logits=False)
-            got = meter.peak_above_bytes()
-            rows.append({"kind": kind, "tokens": T, "estimate_mib": round(est / 2**20, 1),
-                         "measured_mib": round(got / 2**20, 1), "ratio": round(est / got, 3) if got else None,
-                         "how": meter.how})
-            print(f"{kind:>10} {T:>6} tokens: estimate {est / 2**20:8.1f} MiB, measured {got / 2**20:8.1f} MiB, "
-                  f"estimate / measured {est / got if got else float('nan'):.3f}", flush=True)
+        for kind in ("perplexity", "generation"):  # each case in a fresh process: no allocator state carried
+            done = subprocess.run([sys.executable, __file__, "--model", args.model, "--dtype", args.dtype,
+                                   "--threads", str(args.threads), "--new-tokens", str(args.new_tokens), "--one",
+                                   kind, str(T)], capture_output=True, text=True)
+            line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT ")), None)
+            if line is None:
+                raise SystemExit(f"{kind} at {T} tokens failed: {done.stderr[-1500:]}")
+            r = json.loads(line[7:])
+            rows.append(r)
+            print(f"{kind:>10} {T:>6} tokens: estimate {r['estimate_mib']:8.1f} MiB, measured "
+                  f"{r['measured_mib']:8.1f} MiB, estimate / measured {r['ratio']}", flush=True)
     out = Path(args.out)
-    caption = (f"Peak memory above the loaded model, {lm.name} ({args.dtype}, {args.threads} threads, batch 1): the "
-               f"guard's estimate against the measured peak ({rows[0]['how']}); generation = prefill with a KV "
-               f"cache plus {args.new_tokens} new tokens.")
-    lines = [caption, "", "| kind | tokens | estimate (MiB) | measured (MiB) | estimate / measured |", "|---|---|---|---|---|"]
-    lines += [f"| {r['kind']} | {r['tokens']} | {r['estimate_mib']} | {r['measured_mib']} | {r['ratio']} |" for r in rows]
-    write_json(out / "memory.json", {"command": "memory_estimate", "model": lm.name, "dtype": args.dtype,
-                                     "threads": args.threads, "rows": rows}, device=lm.device, overwrite=True)
+    caption = (f"Peak memory above the loaded model, {rows[0]['model']} ({args.dtype}, {args.threads} threads, "
+               f"batch 1): the guard's estimate against the measured peak ({rows[0]['how']}), each case in a fresh "
+               f"process after a warm-up; generation = prefill with a KV cache plus {args.new_tokens} new tokens.")
+    lines = [caption, "", "| kind | tokens | estimate (MiB) | measured (MiB) | estimate / measured |",
+             "|---|---|---|---|---|"]
+    lines += [f"| {r['kind']} | {r['tokens']} | {r['estimate_mib']} | {r['measured_mib']} | {r['ratio']} |"
+              for r in rows]
+    write_json(out / "memory.json", {"command": "memory_estimate", "model": rows[0]["model"], "dtype": args.dtype,
+                                     "threads": args.threads, "rows": rows}, overwrite=True)
     atomic_write_text(out / "memory.md", "\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
