@@ -287,3 +287,41 @@ def test_selection_map_marks_spans_and_matches_last_keep(tiny_hf_folder, tmp_pat
     (tmp_path / "bad.json").write_text("{}")
     assert main(["analyze", "--model", str(tiny_hf_folder), "--text", "a b c", "--selection-map",
                  str(tmp_path / "bad.json"), "--out", str(tmp_path / "r2")]) == 2
+
+
+def test_policy_choice_is_computed_from_the_intervals(tmp_path):
+    import json
+
+    from orthorank.study.long_inputs import decide, main
+
+    def ratio(a, b, d, v, lo, hi):
+        return {"a": a, "a_level": 0.2, "b": b, "b_level": 0.2, "dataset": d, "ratio": v, "ci95": [lo, hi]}
+
+    compare = {"command": "compare", "comparisons": [
+        ratio("orthorank (policy norm)", "orthorank", "wikitext2", 0.95, 0.93, 0.97),
+        ratio("orthorank (policy norm)", "orthorank", "c4", 0.96, 0.94, 0.99),
+        ratio("orthorank (policy orthogonal+recent=64)", "orthorank", "wikitext2", 1.01, 0.99, 1.03),
+        ratio("orthorank (policy orthogonal+recent=64)", "orthorank", "c4", 1.05, 1.02, 1.08),  # worse on c4
+        ratio("orthorank", "sleb", "wikitext2", 0.9, 0.85, 0.95)]}
+
+    def diff(v, lo, hi):
+        return {"mean": {"value": v, "low": lo, "high": hi}}
+
+    longctx = {"command": "longctx", "summary": {"1024": {"paired": {
+        "orthorank 0.2 (dense decode) vs sleb 0.2": diff(-10, -20, -2),  # the paper's rule: worse than SLEB
+        "orthorank 0.2 [norm] (dense decode) vs sleb 0.2": diff(0, -8, 8),
+        "orthorank 0.2 [norm] (dense decode) vs orthorank 0.2 (dense decode)": diff(10, 2, 18),
+        "orthorank 0.2 [orthogonal+recent=64] (dense decode) vs sleb 0.2": diff(5, -3, 12)}}}}
+    result = decide(compare, longctx, None, 0.2)
+    by = {r["policy"]: r for r in result["rows"]}
+    assert not by["orthogonal"]["fix"] and "worse than SLEB on suite 1024" in by["orthogonal"]["why_not"]
+    assert by["norm"]["fix"] and by["norm"]["default_candidate"] and result["default"] == "norm"
+    assert not by["orthogonal+recent=64"]["fix"]
+    assert by["orthogonal+recent=64"]["why_not"] == ["worse than the paper's rule on c4"]
+    assert result["fixes"] == ["norm"]
+    (tmp_path / "c.json").write_text(json.dumps(compare))
+    (tmp_path / "l.json").write_text(json.dumps(longctx))
+    assert main(["--compare", str(tmp_path / "c.json"), "--longctx", str(tmp_path / "l.json"), "--out",
+                 str(tmp_path / "o")]) == 0
+    assert "Default: norm" in (tmp_path / "o" / "policy-choice.md").read_text()
+    assert main(["--compare", str(tmp_path / "l.json"), "--out", str(tmp_path / "o2")]) == 2  # not a compare result
