@@ -64,18 +64,32 @@ class SelectionMap:
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "tokens": self.tokens, "states": self.states,
-                "kept": {str(l): v for l, v in self.kept.items()},
+                "kept_bits": {str(l): _to_bits(v, self.tokens) for l, v in self.kept.items()},
                 "spans": {k: [list(r) for r in v] for k, v in self.spans.items()},
                 "plan": self.plan, "summary": self.summary()}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "SelectionMap":
         try:
-            return cls(d["name"], int(d["tokens"]), list(d["states"]),
-                       {int(l): [int(p) for p in v] for l, v in d["kept"].items()},
+            kept = ({int(l): _from_bits(v) for l, v in d["kept_bits"].items()} if "kept_bits" in d else
+                    {int(l): [int(p) for p in v] for l, v in d["kept"].items()})
+            return cls(d["name"], int(d["tokens"]), list(d["states"]), kept,
                        {k: [(int(a), int(b)) for a, b in v] for k, v in d["spans"].items()}, dict(d.get("plan", {})))
         except (KeyError, TypeError, ValueError) as exc:
             raise UserError(f"not a selection map ({exc.__class__.__name__}: {exc})") from None
+
+
+def _to_bits(positions: list[int], tokens: int) -> str:
+    """Positions as a hex bit string (bit p of the number = position p updated): compact in JSON."""
+    n = 0
+    for p in positions:
+        n |= 1 << p
+    return format(n, "x")
+
+
+def _from_bits(text: str) -> list[int]:
+    n = int(text, 16)
+    return [p for p in range(n.bit_length()) if n >> p & 1]
 
 
 def char_spans_to_tokens(offsets: list[tuple[int, int]], char_spans: dict[str, list[tuple[int, int]]]

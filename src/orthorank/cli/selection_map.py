@@ -15,9 +15,34 @@ from pathlib import Path
 from orthorank.cli.common import add_model_args, add_plan_args, check_plan_args, load_from_args, plan_for, \
     saved_plan_path
 from orthorank.errors import UserError
-from orthorank.results import atomic_write_bytes, check_writable, write_json
+from orthorank.results import atomic_write_bytes, atomic_write_text, check_writable, write_json
 
 MAP_JSON = "selection-map.json"
+MAX_FIGURES = 8  # figures: the first map of each prompt kind and policy, at most this many; every map is in the JSON
+
+
+def _aggregate(maps, model: str) -> str:
+    """A Markdown table of means over the prompts of one kind and policy (e.g. 20 needle prompts)."""
+    groups: dict[tuple[str, str], list] = {}
+    for m in maps:
+        kind = m.name.split(" #")[0]
+        label = m.name.split("[")[-1].rstrip("]") if "[" in m.name else "the plan's"
+        groups.setdefault((kind, label), []).append(m.summary())
+    spans = sorted({k for s in (x for v in groups.values() for x in v) for k in s["span_share_updated"]})
+    head = ["prompts", "policy", "n", "last token updated in (of the selection layers)", "all tokens",
+            *[f"{k} tokens" for k in spans]]
+    lines = [f"Share of tokens each selection layer updates, mean over the prompts; {model}, plan "
+             f"{maps[0].plan.get('source') or maps[0].plan.get('method')}.", "",
+             "| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    for (kind, label), sums in groups.items():
+        n = len(sums)
+        cells = [kind, label, str(n), f"{sum(s['last_token_updated_in'] for s in sums) / n:.1f} of "
+                 f"{sums[0]['selection_layers']}", f"{sum(s['overall_share_updated'] for s in sums) / n:.2f}"]
+        for k in spans:
+            have = [s["span_share_updated"][k]["mean"] for s in sums if k in s["span_share_updated"]]
+            cells.append(f"{sum(have) / len(have):.2f}" if have else "-")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -42,12 +67,24 @@ def _needle(lm, spec: list[str], data_dir):
     from orthorank.evaluation.longctx_suite import SuiteBuilder, load_pools, parse_lengths
 
     if len(spec) not in (2, 3):
-        raise UserError("write needle:LENGTH[:INDEX], e.g. needle:2k")
+        raise UserError("write needle:LENGTH[:INDEX or FIRST-LAST], e.g. needle:2k or needle:2k:0-19")
     length = parse_lengths(spec[1])[0]
-    index = _index(spec, 0)
-    sample = SuiteBuilder(lm.tokenizer, load_pools(data_dir)).sample("niah_single", length, index)
-    ids, spans = tokenize_with_spans(lm.tokenizer, sample.prompt, needle_spans(sample.prompt))
-    return f"niah_single {length} #{index}", ids, spans
+    builder = SuiteBuilder(lm.tokenizer, load_pools(data_dir))
+    out = []
+    for index in _indices(spec):
+        sample = builder.sample("niah_single", length, index)
+        ids, spans = tokenize_with_spans(lm.tokenizer, sample.prompt, needle_spans(sample.prompt))
+        out.append((f"niah_single {length} #{index}", ids, spans))
+    return out
+
+
+def _indices(spec: list[str]) -> list[int]:
+    if len(spec) < 3:
+        return [0]
+    first, _, last = spec[2].partition("-")
+    if not first.isdigit() or (last and not last.isdigit()) or (last and int(last) < int(first)):
+        raise UserError(f"the example index {spec[2]!r} is not a whole number or a range FIRST-LAST")
+    return list(range(int(first), int(last or first) + 1))
 
 
 def _index(spec: list[str], default: int | None) -> int | None:
@@ -91,7 +128,7 @@ def _prompts(lm, text: str, data_dir, max_tokens: int):
     for part in (p.strip() for p in text.split(",") if p.strip()):
         spec = part.split(":")
         if spec[0] == "needle":
-            out.append(_needle(lm, spec, data_dir))
+            out.extend(_needle(lm, spec, data_dir))
         elif spec[0] == "longbench":
             out.append(_longbench(lm, spec, data_dir, max_tokens))
         else:
@@ -133,7 +170,13 @@ def run(args) -> int:
                   "selection layers")
     out.mkdir(parents=True, exist_ok=True)
     figures = []
-    for i, m in enumerate(maps):
+    summary = _aggregate(maps, lm.name)
+    print(summary)
+    atomic_write_text(out / "summary.md", summary + "\n")
+    firsts: dict[tuple[str, str], object] = {}
+    for m in maps:
+        firsts.setdefault((m.name.split(" #")[0], m.name.split("[")[-1] if "[" in m.name else ""), m)
+    for i, m in enumerate(list(firsts.values())[:MAX_FIGURES]):
         path = out / f"selection-map-{i}.png"
         atomic_write_bytes(path, selection_map_png(m, lm.name))
         figures.append(path.name)
