@@ -52,22 +52,33 @@ def summarize(times: list[float]) -> dict[str, Any]:
     }
 
 
+_CPU_METER = None  # the CPU peak meter of the latest reset_peak_memory
+
+
 def reset_peak_memory(device: torch.device) -> None:
+    global _CPU_METER
     if device.type == "cuda":
         synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
+        return
+    from orthorank.bench.memory import PeakMeter
+
+    _CPU_METER = PeakMeter(device).start()
 
 
 def peak_memory(device: torch.device) -> dict[str, Any]:
-    """CUDA: peak allocated and reserved since the last reset. CPU: the process's peak resident set so far
-    (monotonic over the whole run, so only its growth between methods is informative)."""
+    """CUDA: peak allocated and reserved since the last reset. CPU: the peak resident set above the resident set at
+    the last reset (the high-water mark, reset then: bench/memory.py), and the process's peak so far."""
     if device.type == "cuda":
         return {
             "peak_allocated_mib": round(torch.cuda.max_memory_allocated(device) / 2**20, 1),
             "peak_reserved_mib": round(torch.cuda.max_memory_reserved(device) / 2**20, 1),
         }
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
-    return {"process_peak_rss_mib": round(rss / (2**20 if sys.platform == "darwin" else 2**10), 1)}
+    out = {"process_peak_rss_mib": round(rss / (2**20 if sys.platform == "darwin" else 2**10), 1)}
+    if _CPU_METER is not None:
+        out["peak_above_start_mib"] = round(_CPU_METER.peak_above_bytes() / 2**20, 1)
+    return out
 
 
 def current_memory_mib(device: torch.device) -> float | None:
