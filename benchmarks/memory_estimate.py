@@ -61,12 +61,24 @@ def main() -> int:
     p.add_argument("--new-tokens", type=int, default=16)
     p.add_argument("--out", default="benchmarks/results/memory")
     p.add_argument("--one", nargs=2, metavar=("KIND", "TOKENS"), help=argparse.SUPPRESS)
+    p.add_argument("--reestimate", action="store_true",
+                   help="keep the measurements in OUT/memory.json, recompute the estimates (after a change to the "
+                        "estimate; it is a function of the config alone)")
     args = p.parse_args()
     if args.one:
         print("RESULT " + json.dumps(measure_one(args, args.one[0], int(args.one[1]))), flush=True)
         return 0
     rows = []
-    for T in (int(x) for x in args.lengths.split(",")):
+    if args.reestimate:
+        rows = json.loads((Path(args.out) / "memory.json").read_text())["rows"]
+        shape = Shape.of(load_model(args.model, dtype=args.dtype).model)
+        for r in rows:
+            T = r["tokens"]
+            est = (estimate_bytes(shape, 1, T, loss=True) if r["kind"] == "perplexity" else
+                   estimate_bytes(shape, 1, T, cache_tokens=T + args.new_tokens, all_logits=False))
+            r["estimate_mib"] = round(est / 2**20, 1)
+            r["ratio"] = round(est / (r["measured_mib"] * 2**20), 3) if r["measured_mib"] else None
+    for T in ([] if args.reestimate else (int(x) for x in args.lengths.split(","))):
         for kind in ("perplexity", "generation"):  # each case in a fresh process: no allocator state carried
             done = subprocess.run([sys.executable, __file__, "--model", args.model, "--dtype", args.dtype,
                                    "--threads", str(args.threads), "--new-tokens", str(args.new_tokens), "--one",
