@@ -96,13 +96,14 @@ def _merge(into: dict, more: dict) -> None:
             into.setdefault(spec, {}).setdefault(key, {}).update(values)
 
 
-def decide(compare: dict, longctx: dict | None, longbench: dict | None, level: float) -> dict[str, Any]:
+def decide(compare: dict, longctx: dict | list[dict] | None, longbench: dict | None, level: float) -> dict[str, Any]:
     evidence = perplexity_evidence(compare, level)
-    if longctx is not None:
-        for length, summary in longctx.get("summary", {}).items():
+    for one in ([longctx] if isinstance(longctx, dict) else longctx or []):
+        for length, summary in one.get("summary", {}).items():
             _merge(evidence, generation_evidence(summary, f"suite {length}"))
     if longbench is not None:
         _merge(evidence, generation_evidence(longbench.get("summary", {}).get("tasks", {}), "longbench"))
+    measured = {k for k in evidence.get(PAPER, {}).get("vs_sleb", {}) if k.startswith(("suite", "longbench"))}
     rows = []
     for spec in sorted(evidence, key=lambda s: (s != PAPER, s)):
         e = evidence[spec]
@@ -113,6 +114,7 @@ def decide(compare: dict, longctx: dict | None, longbench: dict | None, level: f
         reasons = []
         if not gen_sleb:
             reasons.append("no long-context rows")
+        reasons += [f"not measured on {k}" for k in sorted(measured - set(gen_sleb))]
         reasons += [f"worse than SLEB on {k}" for k, v in gen_sleb.items() if v["high"] < 0]
         if spec != PAPER:
             missing = [d for d in FIX_DOMAINS if d not in ppl_paper]
@@ -171,7 +173,7 @@ def markdown(result: dict, caption: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--compare", required=True)
-    p.add_argument("--longctx", default=None)
+    p.add_argument("--longctx", action="append", default=[], help="longctx.json (repeatable: one per length)")
     p.add_argument("--longbench", default=None)
     p.add_argument("--level", type=float, default=0.2)
     p.add_argument("--caption", default="")
@@ -181,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         compare = _load(args.compare, "compare")
-        longctx = _load(args.longctx, "longctx") if args.longctx else None
+        longctx = [_load(path, "longctx") for path in args.longctx]
         longbench = _load(args.longbench, "longbench") if args.longbench else None
         result = decide(compare, longctx, longbench, args.level)
         text = markdown(result, args.caption or f"Selection policies at {args.level:g}, paired 95% intervals.")
