@@ -389,3 +389,40 @@ def test_evaluations_killed_ten_times(slow_setup, tmp_path, command):
     cmd, res = {"compare": (_compare_cmd, _compare_result), "longctx": (_longctx_cmd, _longctx_result)}[command]
     outcomes = _kill_command_trials(slow_setup, tmp_path, 10, cmd, res)
     print(f"{command}: {sum(o['killed'] for o in outcomes)} of 10 runs killed, all resumed to the same results")
+
+
+# -- writes that are all or nothing ----------------------------------------------------------------------------------
+
+def test_a_full_disk_or_an_unwritable_folder_is_one_line_and_keeps_the_earlier_file(tmp_path, monkeypatch):
+    import errno
+
+    from orthorank.errors import UserError
+    from orthorank.results import atomic_write_text, write_json
+
+    target = tmp_path / "r.json"
+    write_json(target, {"v": 1})
+    before = target.read_text()
+
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", full)
+    with pytest.raises(UserError, match=f"cannot write {target}: No space left on device"):
+        write_json(target, {"v": 2}, overwrite=True)
+    monkeypatch.undo()
+    assert target.read_text() == before and not list(tmp_path.glob("*.part"))
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(UserError, match=f"cannot write {blocker / 'sub' / 'r.md'}"):
+        atomic_write_text(blocker / "sub" / "r.md", "text")
+
+
+def test_an_unwritable_output_folder_stops_a_command_with_one_line(tiny_hf_folder, tmp_path, capsys):
+    from cli_helpers import assert_user_error
+
+    text = tmp_path / "t.txt"
+    text.write_text("Words to score, again and again. " * 100)
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    assert_user_error(capsys, "cannot write", "ppl", "--model", str(tiny_hf_folder), "--dataset", str(text),
+                      "--seq-len", "32", "--max-windows", "1", "--json", str(blocker / "r.json"))
