@@ -315,6 +315,10 @@ def test_policy_choice_is_computed_from_the_intervals(tmp_path):
     result = decide(compare, longctx, None, 0.2)
     by = {r["policy"]: r for r in result["rows"]}
     assert not by["orthogonal"]["fix"] and "worse than SLEB on suite 1024" in by["orthogonal"]["why_not"]
+    compare["comparisons"] += [ratio("orthorank (policy oracle)", "orthorank", d, 0.8, 0.7, 0.9) for d in ("wikitext2", "c4")]
+    longctx["summary"]["1024"]["paired"]["orthorank 0.2 [oracle] (dense decode) vs sleb 0.2"] = diff(20, 10, 30)
+    oracle = {r["policy"]: r for r in decide(compare, longctx, None, 0.2)["rows"]}["oracle"]
+    assert not oracle["fix"] and not oracle["default_candidate"]  # an upper bound, never a speed-up
     assert by["norm"]["fix"] and by["norm"]["default_candidate"] and result["default"] == "norm"
     assert not by["orthogonal+recent=64"]["fix"]
     assert by["orthogonal+recent=64"]["why_not"] == ["worse than the paper's rule on c4"]

@@ -90,6 +90,14 @@ def generation_evidence(summary: dict[str, Any], label: str) -> dict[str, dict[s
     return out
 
 
+def _speeds_up(spec: str) -> bool:
+    """False for a variant of a policy that runs the layer densely to choose (the oracle: an upper bound)."""
+    from orthorank.method.policies import POLICIES
+
+    name = spec.split("+")[0] or PAPER
+    return POLICIES[name].speedup if name in POLICIES else True
+
+
 def _merge(into: dict, more: dict) -> None:
     for spec, parts in more.items():
         for key, values in parts.items():
@@ -112,6 +120,10 @@ def decide(compare: dict, longctx: dict | list[dict] | None, longbench: dict | N
         ppl_paper = {d: r for d, r in e.get("vs_paper", {}).items() if not d.startswith(("suite", "longbench"))}
         gen_paper = {k: v for k, v in e.get("vs_paper", {}).items() if k.startswith(("suite", "longbench"))}
         reasons = []
+        if spec == PAPER:
+            reasons.append("the rule being fixed")
+        elif not _speeds_up(spec):
+            reasons.append("runs the layers densely: no speed-up")
         if not gen_sleb:
             reasons.append("no long-context rows")
         reasons += [f"not measured on {k}" for k in sorted(measured - set(gen_sleb))]
@@ -122,7 +134,8 @@ def decide(compare: dict, longctx: dict | list[dict] | None, longbench: dict | N
             reasons += [f"worse than the paper's rule on {d}" for d in FIX_DOMAINS
                         if d in ppl_paper and ppl_paper[d]["low"] > 1.0]
         fix = not reasons
-        better_everywhere = spec != PAPER and bool(ppl_paper) and all(r["high"] < 1.0 for r in ppl_paper.values())
+        better_everywhere = (spec != PAPER and _speeds_up(spec) and bool(ppl_paper)
+                             and all(r["high"] < 1.0 for r in ppl_paper.values()))
         default_ok = better_everywhere and all(v["high"] >= 0 for v in gen_paper.values())
         rows.append({"policy": spec, "fix": fix, "why_not": reasons, "default_candidate": default_ok,
                      "perplexity_vs_paper": ppl_paper,
@@ -161,7 +174,7 @@ def markdown(result: dict, caption: str) -> str:
         cells = [r["policy"] + (" (the paper)" if r["policy"] == PAPER else "")]
         cells += [_fmt(r["perplexity_vs_paper"].get(d)) if r["policy"] != PAPER else "1" for d in domains]
         cells += [_fmt(r["long_context_vs_sleb"].get(g), ".1f", signed=True) for g in gens]
-        cells.append("yes" if r["fix"] else "no: " + "; ".join(r["why_not"]))
+        cells.append("yes" if r["fix"] else ("-" if r["policy"] == PAPER else "no: " + "; ".join(r["why_not"])))
         cells.append("yes" if r["default_candidate"] else "no")
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", f"Long-input fixes (not worse than SLEB on every long-context row, not worse than the paper's rule "
