@@ -8,7 +8,7 @@ import pytest
 
 from cli_helpers import assert_user_error
 from conftest import tiny_model
-from orthorank.bench.memory import PeakMeter, Shape, check_fits, estimate_bytes
+from orthorank.bench.memory import Shape, check_fits, estimate_bytes
 from orthorank.errors import UserError
 
 

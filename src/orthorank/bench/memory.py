@@ -134,13 +134,12 @@ class Shape:
 
     @classmethod
     def of(cls, model) -> "Shape":
-        c = getattr(model.config, "text_config", None) or model.config
-        heads = int(c.num_attention_heads)
+        from orthorank.method.cost import Arch
+
+        a = Arch.from_config(getattr(model.config, "text_config", None) or model.config)
         attn = getattr(model.config, "_attn_implementation", None) or "eager"
-        return cls(int(c.num_hidden_layers), int(c.hidden_size), heads,
-                   int(getattr(c, "num_key_value_heads", None) or heads),
-                   int(getattr(c, "head_dim", None) or c.hidden_size // heads), int(c.intermediate_size),
-                   int(c.vocab_size), attn == "eager", next(model.parameters()).element_size())
+        return cls(a.num_layers, a.hidden, a.heads, a.kv_heads, a.head_dim, a.ffn, a.vocab, attn == "eager",
+                   next(model.parameters()).element_size())
 
 
 def estimate_bytes(shape: Shape, batch: int, tokens: int, *, loss: bool = False, cache_tokens: int = 0,

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 
 @dataclass(frozen=True)
@@ -156,12 +156,17 @@ def ratio_to_match(arch: Arch, seq_len: int, target: float, count: int, base_rat
     lo = keep_count(seq_len, base_ratio)
     if count <= 0 or skipped(lo) <= target:
         return base_ratio
-    hi = seq_len  # skipped(hi) < target (a layer keeping every token still pays the scoring)
-    while hi - lo > 1:  # invariant: skipped(lo) > target >= skipped(hi)
+    # skipped(seq_len) < target: a layer keeping every token still pays the scoring
+    return closest_count(skipped, lo, seq_len, target) / seq_len
+
+
+def closest_count(value: Callable[[int], float], lo: int, hi: int, target: float) -> int:
+    """The whole k in [lo, hi] whose value(k) is closest to `target`, for value decreasing in k with
+    value(lo) > target >= value(hi) (bisection: kept tokens against the compute or speed they give)."""
+    while hi - lo > 1:
         mid = (lo + hi) // 2
-        if skipped(mid) > target:
+        if value(mid) > target:
             lo = mid
         else:
             hi = mid
-    k = lo if abs(skipped(lo) - target) <= abs(skipped(hi) - target) else hi
-    return k / seq_len
+    return lo if abs(value(lo) - target) <= abs(value(hi) - target) else hi

@@ -126,6 +126,7 @@ def match_exactly(actions: dict[int, str | float], layer: int, target: float, ta
     speed-up on a FLOP table is as close to `target` as a whole number of kept tokens allows. Only the last move
     is changed: the layers and the other ratios stay the search's choice, and the layer keeps at least what the
     move gave it."""
+    from orthorank.method.cost import closest_count
     from orthorank.method.selection import keep_count
 
     T = table.seq_len
@@ -136,17 +137,11 @@ def match_exactly(actions: dict[int, str | float], layer: int, target: float, ta
     def speedup(k: int) -> float:
         return table.predicted_speedup({**actions, layer: k / T})
 
-    lo, hi = keep_count(T, float(now)), T
+    lo = keep_count(T, float(now))
     if speedup(lo) <= target:
         return dict(actions)
-    while hi - lo > 1:  # invariant: speedup(lo) > target >= speedup(hi)
-        mid = (lo + hi) // 2
-        if speedup(mid) > target:
-            lo = mid
-        else:
-            hi = mid
-    k = lo if abs(speedup(lo) - target) <= abs(speedup(hi) - target) else hi
-    return {**actions, layer: k / T}
+    # speedup(T) < target: keeping every token costs more than the layer did before the move that reached it
+    return {**actions, layer: closest_count(speedup, lo, T, target) / T}
 
 
 def hybrid_search(runner: StackRunner, table: CostTable, targets: list[float], ratios: list[float],
