@@ -14,3 +14,8 @@ def number_list(text: str, option: str) -> list[float]:
     if not values:
         raise UserError(f"{option} is empty")
     return values
+
+
+def comma_items(text: str) -> list[str]:
+    """The non-empty, stripped items of a comma-separated list, in order, without repeats."""
+    return list(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))

@@ -14,7 +14,7 @@ from orthorank.cli.calibration_options import parse_sparsities
 from orthorank.cli.common import (
     add_model_args, add_store_args, check_memory, load_from_args, positive_int, store_from_args,
 )
-from orthorank.errors import UserError
+from orthorank.errors import UserError, comma_items
 from orthorank.evaluation.compare import (
     Row, ablation_plans, comparison_table, policy_plans, comparisons, dataset_stream, evaluate_rows, markdown_table,
     headroom_table, headrooms, measure_speedups, plot_ppl, worst_domain_table, worst_domains,
@@ -87,7 +87,7 @@ def _split(text: str, allowed, what: str) -> list[str]:
 
 def _datasets(text: str) -> list[str]:
     """Domain names or text files (unknown names and missing files are refused when their text is read)."""
-    items = list(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
+    items = comma_items(text)
     if not items:
         raise UserError(f"--datasets is empty; choose from {', '.join(DATASETS)} or give text files")
     return items

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from orthorank.errors import UserError
+from orthorank.errors import UserError, comma_items
 
 ATTENTION_WINDOW = 32  # queries whose attention the `attention` policy sums (the end of the chunk)
 
@@ -142,7 +142,7 @@ def parse_variant(spec: str) -> dict[str, object]:
 
 def parse_variants(text: str) -> list[str]:
     """Comma-separated variant specs, each checked; returns them stripped, in order, without repeats."""
-    specs = list(dict.fromkeys(s.strip() for s in text.split(",") if s.strip()))
+    specs = comma_items(text)
     if not specs:
         raise UserError(f"no policy variant in {text!r}")
     for s in specs:
