@@ -169,3 +169,35 @@ def test_study_bad_input(capsys, tmp_path):
     f = tmp_path / "file"
     f.write_text("x")
     assert_user_error(capsys, "is a file, not a folder", "study", "--model", "llama-tiny", "--out", f)
+
+
+def test_transfer_stage_runs_cheap_settings_first_and_the_hybrid_searches_last(tmp_path):
+    from orthorank.study.budgets import get_budget
+    from orthorank.study.stages import StudyContext
+    from orthorank.study.transfer import transfer_argv
+
+    from pathlib import Path
+
+    ctx = StudyContext("m", "m", tmp_path / "study", get_budget("standard"), [], [], None, tmp_path)
+    done = ctx.plans_dir / "transfer" / "c4-8k"  # one setting's greedy plans exist already
+    done.mkdir(parents=True)
+    for method in ("sleb", "shortgpt", "shortened-ppl", "orthorank"):
+        for level in ("0.1", "0.2"):
+            (done / f"{method}-{level}.json").write_text("{}")
+    argv = transfer_argv(ctx)
+
+    def setting(cmd: list[str]) -> str:
+        return Path(cmd[cmd.index("--out-dir" if cmd[0] == "calibrate" else "--out") + 1]).name
+
+    calibrations = [(setting(c), c[c.index("--method") + 1]) for c in argv if c[0] == "calibrate"]
+    greedy = [s for s, m in calibrations if m != "hybrid"]
+    hybrid = [s for s, m in calibrations if m == "hybrid"]
+    assert "c4-8k" not in greedy and greedy[0] == "c4-2k" and greedy[-1] == "c4-32k"
+    assert hybrid == ["c4-2k", "c4-8k", "mix-8k", "code-8k", "wikitext2-8k", "c4-32k"]
+    assert calibrations.index(("c4-2k", "hybrid")) > calibrations.index(("c4-32k", "orthorank"))
+    table = next(i for i, c in enumerate(argv) if c[0] == "bench")  # the cost table, measured once, before them
+    assert all(i > table for i, c in enumerate(argv) if c[0] == "calibrate" and "hybrid" in c)
+    compares = [c for c in argv if c[0] == "compare"]
+    assert len(compares) == 12  # every setting evaluated after its greedy plans, and again with its hybrid rows
+    first, last = compares[0], compares[-1]
+    assert "hybrid" not in first[first.index("--methods") + 1] and "hybrid" in last[last.index("--methods") + 1]

@@ -75,27 +75,46 @@ def _have(folder: Path, method: str, levels) -> bool:
 
 
 def transfer_argv(ctx: StudyContext) -> list[list[str]]:
+    """Two passes, each from the cheapest setting to the dearest (fewest calibration tokens first): first the
+    greedy and one-shot searches of every setting with its evaluation, then the hybrid plans (the dearest search by
+    far) and the evaluation again with their rows. So the matrix that chooses the default calibration fills first,
+    and an evaluation already in the store costs only its reading."""
     from orthorank.study.stages import hybrid_cost_table_argv
 
     b, t = ctx.budget, ctx.budget.transfer
     table = ctx.out / "hybrid" / "cost-table.json"
+    order = sorted(t.settings, key=lambda s: s.tokens)
+    searched = [m for m in METHODS if m != "hybrid"]
     cmds: list[list[str]] = []
-    if b.hybrid and not table.is_file():
-        cmds.append(hybrid_cost_table_argv(ctx, table))
-    methods = [m for m in METHODS if m != "hybrid" or b.hybrid]
-    for setting in t.settings:
-        plans = setting_plans(ctx, setting)
-        for method in methods:
-            if _have(plans, method, b.levels):
-                continue
-            extra = ["--cost-table", str(table)] if method == "hybrid" else []
-            cmds.append(["calibrate", *ctx.common, *ctx.data, "--method", method, *extra, "--sparsity",
-                         ctx.levels(b.levels), *setting.calibrate_flags(t.calib_seq_len), "--cost-seq-len",
-                         str(t.seq_len), *t.calibrate_extra, "--out-dir", str(plans), *ctx.store_args()])
+
+    def calibrate(setting: TransferSetting, method: str) -> None:
+        extra = ["--cost-table", str(table)] if method == "hybrid" else []
+        cmds.append(["calibrate", *ctx.common, *ctx.data, "--method", method, *extra, "--sparsity",
+                     ctx.levels(b.levels), *setting.calibrate_flags(t.calib_seq_len), "--cost-seq-len",
+                     str(t.seq_len), *t.calibrate_extra, "--out-dir", str(setting_plans(ctx, setting)),
+                     *ctx.store_args()])
+
+    def compare(setting: TransferSetting, methods: list[str]) -> None:
         cmds.append(["compare", *ctx.common, *ctx.data, "--methods", ",".join(["dense", *methods]), "--sparsity",
                      ctx.levels(t.levels), "--datasets", ",".join(DOMAINS), "--seq-len", str(t.seq_len),
-                     "--max-windows", str(t.windows), "--plans-dir", str(plans), *ctx.store_args(),
-                     "--out", str(ctx.out / "transfer" / setting.name), "--overwrite"])
+                     "--max-windows", str(t.windows), "--plans-dir", str(setting_plans(ctx, setting)),
+                     *ctx.store_args(), "--out", str(ctx.out / "transfer" / setting.name), "--overwrite"])
+
+    hybrid_left = []
+    for setting in order:
+        plans = setting_plans(ctx, setting)
+        for method in searched:
+            if not _have(plans, method, b.levels):
+                calibrate(setting, method)
+        have_hybrid = b.hybrid and _have(plans, "hybrid", b.levels)
+        compare(setting, searched + (["hybrid"] if have_hybrid else []))
+        if b.hybrid and not have_hybrid:
+            hybrid_left.append(setting)
+    if hybrid_left and not table.is_file():
+        cmds.append(hybrid_cost_table_argv(ctx, table))
+    for setting in hybrid_left:
+        calibrate(setting, "hybrid")
+        compare(setting, [*searched, "hybrid"])
     return cmds
 
 
@@ -135,6 +154,7 @@ def render_matrix(ctx: StudyContext) -> dict:
             worst[(w["method"], w["level"], setting.name)] = w
     done = [s for s in t.settings if s.name in meta]
     methods = [m for m in METHODS if m != "sleb"]
+    expected = [m for m in methods if m != "hybrid" or ctx.budget.hybrid]  # complete when each has its rows
     lines = [f"# Transfer matrix: {ctx.model_name}, paired perplexity ratio against SLEB calibrated on the same "
              "source", "",
              f"{t.caption()}; 95% paired bootstrap intervals over windows; ** = the interval excludes 1. Below 1 = "
@@ -167,7 +187,8 @@ def render_matrix(ctx: StudyContext) -> dict:
               "the method's advantage over SLEB shrinks off its calibration domain)."]
     result = {"model": ctx.model_name, "settings": meta, "cells": summary, "windows": t.windows,
               "seq_len": t.seq_len, "domains": list(DOMAINS), "levels": list(t.levels),
-              "complete": len(done) == len(t.settings)}  # a partial matrix is rendered after every setting
+              "complete": all(any(k[0] == m and k[2] == s.name for k in cells)
+                              for s in t.settings for m in expected)}  # rendered after every evaluation
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "transfer.md", "\n".join(lines) + "\n")
     _heatmaps(ctx.model_name, cells, done, methods, t.levels, out)
