@@ -126,6 +126,13 @@ def test_bench_cli_prefill_decode_layer(tmp_path):
         4 / (4 - n_sel + n_sel * selective_layer_cost(f, 0.33)))
     assert runs["decode"]["methods"][2]["ideal_speedup"] == 1.0
     assert runs["decode"]["new_tokens"] == 3
+    dec = {m["method"]: m for m in runs["decode"]["methods"]}
+    assert runs["decode"]["copy_bandwidth_gb_s"] > 0 and "copy_bandwidth_gb_s" not in runs["prefill"]
+    # removing a layer removes its weights and K/V from what a step reads; a selection layer decodes whole
+    assert dec["spread-prune"]["bandwidth_bound_tokens_per_s"] > dec["dense"]["bandwidth_bound_tokens_per_s"]
+    assert dec["spread-orthorank"]["decode_bytes_per_step"] == dec["dense"]["decode_bytes_per_step"]
+    for m in dec.values():
+        assert m["pct_of_bandwidth_bound"] == pytest.approx(100 * m["tokens_per_s"] / m["bandwidth_bound_tokens_per_s"])
     assert "implied_selective_layer_cost" in runs["prefill"]["analysis"]
     layer = runs["layer"]
     assert layer["ideal_selective_cost_fraction"] == pytest.approx(flop_layer_cost(cfg, 24, 0.33))
@@ -351,3 +358,18 @@ def test_spread_hybrid_for_speed_measurements(tmp_path):
     h = rows["spread-hybrid"]
     assert h["kind"] == "hybrid" and h["removed_layers"] and h["layers"]
     assert h["ideal_speedup"] > 1 and h["speedup_vs_dense"] > 0 and h["sparsity"]["compute"] > 0
+
+
+def test_decode_step_bytes_count_the_layers_that_run_and_the_cache():
+    from orthorank.bench.bandwidth import decode_bound, decode_step_bytes
+
+    model = tiny_model("llama", layers=4)
+    cfg = model.config
+    layer = sum(p.numel() * 4 for p in model.model.layers[0].parameters())
+    head = model.lm_head.weight.numel() * 4
+    kv_row = 2 * cfg.num_key_value_heads * (cfg.hidden_size // cfg.num_attention_heads) * 4
+    dense = decode_step_bytes(model, (), batch=1, context=0)
+    assert dense["weights"] == 4 * layer + head and dense["kv_cache"] == 0
+    pruned = decode_step_bytes(model, [1, 2], batch=3, context=10)
+    assert pruned["weights"] == 2 * layer + head and pruned["kv_cache"] == 3 * 10 * 2 * kv_row
+    assert decode_bound(pruned, 3, 1e9) == pytest.approx(3e9 / pruned["total"])

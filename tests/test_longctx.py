@@ -185,6 +185,7 @@ def test_generate_cli_bad_input(capsys, tmp_path, tiny_hf_folder):
     assert_user_error(capsys, "does not exist", "generate", *m, "--file", str(tmp_path / "nope.txt"))
     code, out, err = run_cli(capsys, "generate", *m, "--prompt", "Hello there", "--max-new-tokens", "4")
     assert code == 0 and "time to first token" in err
+    assert "memory-bandwidth bound" in err or "n/a (one new token)" in err  # the bound beside the decode figure
 
 
 def test_longctx_cli_bad_input(capsys, tiny_hf_folder, tmp_path):

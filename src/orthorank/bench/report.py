@@ -40,6 +40,11 @@ def format_run(run: dict[str, Any]) -> str:
             f"{_f(m.get('speedup_vs_dense_best_runs'), '.3f'):>6} "
             f"{_f(m['throughput_vs_layer_removal'], '.3f'):>6} {_f(m['ideal_speedup'], '.3f'):>6} "
             f"{_f(m['pct_of_ideal'], '.1f'):>7} {_f(peak, '.0f'):>7} MiB")
+    if run.get("copy_bandwidth_gb_s"):
+        lines.append(f"  memory-bandwidth bound (copy bandwidth {run['copy_bandwidth_gb_s']:.1f} GB/s; weights and KV "
+                     "cache read per step): " + ", ".join(
+                         f"{m['method']} {m['bandwidth_bound_tokens_per_s']:.1f} tokens/s "
+                         f"({m['pct_of_bandwidth_bound']:.0f}% reached)" for m in run["methods"]))
     a = run.get("analysis")
     if a and a.get("implied_selective_layer_cost") is not None:
         lines.append(f"  implied selection-layer cost {a['implied_selective_layer_cost']:.3f} of a dense layer "
@@ -58,8 +63,8 @@ def _device(rec: dict[str, Any]) -> str:
 def markdown_table(records: list[dict[str, Any]]) -> str:
     """One row per (file, run, method): the docs/results.md throughput table."""
     out = ["| model | device | dtype | mode | batch x tokens | method | layers changed | tokens/s | speed-up "
-           "| speed-up, best runs | vs layer removal | ideal | % of ideal |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "| speed-up, best runs | vs layer removal | ideal | % of ideal | bandwidth bound (tokens/s) |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for rec in records:
         device = _device(rec)
         for run in rec["runs"]:
@@ -73,7 +78,9 @@ def markdown_table(records: list[dict[str, Any]]) -> str:
                     f"{shape} | {m['method']} | {m['changed_layers']} | {m['tokens_per_s']:.0f} | "
                     f"{_f(m['speedup_vs_dense'], '.3f')} | {_f(m.get('speedup_vs_dense_best_runs'), '.3f')} | "
                     f"{_f(m['throughput_vs_layer_removal'], '.3f')} | "
-                    f"{_f(m['ideal_speedup'], '.3f')} | {_f(m['pct_of_ideal'], '.1f')} |")
+                    f"{_f(m['ideal_speedup'], '.3f')} | {_f(m['pct_of_ideal'], '.1f')} | "
+                    + (f"{m['bandwidth_bound_tokens_per_s']:.0f} ({m['pct_of_bandwidth_bound']:.0f}% reached) |"
+                       if m.get("bandwidth_bound_tokens_per_s") else "- |"))
     layer_rows = [(rec, run) for rec in records for run in rec["runs"] if run["mode"] == "layer"]
     if layer_rows:
         out += ["", "| model | device | dtype | batch x tokens | dense layer ms | selective layer ms | cost fraction "

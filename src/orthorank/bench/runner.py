@@ -16,6 +16,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from orthorank.bench.bandwidth import copy_bandwidth, decode_bound, decode_step_bytes
 from orthorank.bench.costmodel import (
     flop_layer_cost, ideal_speedup, kv_fraction, selective_layer_cost, spread_layers,
 )
@@ -46,6 +47,11 @@ class MethodSpec:
         if self.kind == "hybrid":
             return (len(self.removed) + len(self.layers) * (1.0 - self.selection.ratio)) / num_layers
         return share * (1.0 - self.selection.ratio) if self.kind == "orthorank" else share
+
+    @property
+    def removed_layers(self) -> list[int]:
+        """Layers this method does not run at all."""
+        return self.layers if self.kind == "prune" else self.removed
 
     def apply(self, model: nn.Module) -> None:
         if self.kind == "dense":
@@ -220,6 +226,7 @@ def run_methods(model: nn.Module, specs: list[MethodSpec], settings: RunSettings
     tokens = settings.batch * (settings.seq_len if settings.mode == "prefill" else settings.new_tokens)
     measured = [_Measured(s) for s in specs]
     base_mib = current_memory_mib(device)
+    bandwidth = copy_bandwidth(device) if settings.mode == "decode" else None
     try:
         with torch.inference_mode():
             work = _workload(model, settings, device)
@@ -304,6 +311,16 @@ def run_methods(model: nn.Module, specs: list[MethodSpec], settings: RunSettings
                                   if speedup and ideal and ideal > 1.0 + 1e-9 else None),
             "memory": {**m.memory, **({"weights_mib": base_mib} if base_mib is not None else {})},
         }
+        if bandwidth is not None:
+            # KV cache read at the timed steps' mean context
+            step = decode_step_bytes(model, s.removed_layers, settings.batch,
+                                     settings.seq_len + (settings.new_tokens + 1) // 2)
+            bound = decode_bound(step, settings.batch, bandwidth)
+            row["decode_bytes_per_step"] = step
+            row["bandwidth_bound_tokens_per_s"] = bound
+            row["pct_of_bandwidth_bound"] = 100.0 * row["tokens_per_s"] / bound
+            if s.kind in ("orthorank", "hybrid") and sel.decode != "dense":
+                row["bandwidth_bound_note"] = "as if every kept layer ran (bypassed steps read less): a lower bound"
         if s.kind in ("orthorank", "hybrid"):
             row["selection"] = sel.to_dict()
             row["ideal_selective_layer_cost"] = cost if cost is not None else selective_layer_cost(f_kv, sel.ratio)
@@ -320,6 +337,7 @@ def run_methods(model: nn.Module, specs: list[MethodSpec], settings: RunSettings
         "repeats": settings.repeats,
         "methods": rows,
         "analysis": _implied_layer_cost(rows, num_layers) if settings.mode == "prefill" else None,
+        **({"copy_bandwidth_gb_s": bandwidth / 1e9} if bandwidth is not None else {}),
     }
 
 

@@ -96,7 +96,10 @@ def run(args) -> int:
         restore_dense(lm.model)
     ttft = sum(t["time_to_first_token_s"] for t in timings) / len(timings)
     speeds = [t["decode_tokens_per_s"] for t in timings if t["decode_tokens_per_s"]]
+    bounds = [t["bandwidth_bound_tokens_per_s"] for t in timings if t.get("bandwidth_bound_tokens_per_s")]
     speed = f"{sum(speeds) / len(speeds):.1f} tokens/s" if speeds else "n/a (one new token)"
+    if bounds:
+        speed += f" (memory-bandwidth bound {sum(bounds) / len(bounds):.1f} tokens/s)"
     print(f"\n{plan.method} ({len(plan.layers)} layers, decode {plan.selection.decode if plan.selection else '-'}): "
           f"time to first token {ttft:.3f}s (mean over {len(timings)} batch(es)), decode {speed}",
           file=sys.stderr)
