@@ -176,6 +176,7 @@ class RunSettings:
     repeats: int = 5
     use_cache: bool = False  # prefill only; decode always uses the cache
     seed: int = 0
+    decode_impl: str = "eager"  # eager (dynamic cache), static (static cache), compile (static cache, compiled step)
 
 
 @dataclass
@@ -195,6 +196,27 @@ def _workload(model: nn.Module, settings: RunSettings, device: torch.device) -> 
             return time_call(lambda: forward(ids, use_cache=settings.use_cache), device)
         return prefill
 
+    if settings.decode_impl != "eager":
+        from orthorank.models.static_decode import StaticDecoder
+
+        holder: dict[str, StaticDecoder] = {}
+
+        def static_decode() -> float:
+            if "decoder" not in holder:  # built at the first call, after the method's plan is applied
+                holder["decoder"] = StaticDecoder(model, settings.batch, settings.seq_len + settings.new_tokens + 1,
+                                                  settings.decode_impl)
+                dec = holder["decoder"]
+                dec.step(dec.prefill(ids).argmax(-1, keepdim=True))  # compiles the step: not timed
+            dec = holder["decoder"]
+            state = {"next": dec.prefill(ids).argmax(-1, keepdim=True)}  # the prompt: not timed
+
+            def steps() -> None:
+                for _ in range(settings.new_tokens):
+                    state["next"] = dec.step(state["next"]).argmax(-1, keepdim=True)
+
+            return time_call(steps, device)
+        return static_decode
+
     def decode() -> float:
         logits, cache = forward(ids, use_cache=True)  # the prompt: not timed
         state = {"cache": cache, "next": logits.argmax(-1, keepdim=True)}
@@ -209,6 +231,14 @@ def _workload(model: nn.Module, settings: RunSettings, device: torch.device) -> 
         state.clear()
         return seconds
     return decode
+
+
+def _applied_copy(model: nn.Module, spec: MethodSpec) -> nn.Module:
+    import copy
+
+    twin = copy.deepcopy(model)
+    spec.apply(twin)
+    return twin
 
 
 def _release(device: torch.device) -> None:
@@ -229,23 +259,37 @@ def run_methods(model: nn.Module, specs: list[MethodSpec], settings: RunSettings
     bandwidth = copy_bandwidth(device) if settings.mode == "decode" else None
     try:
         with torch.inference_mode():
-            work = _workload(model, settings, device)
+            # one workload per method where it holds per-plan state (a static cache and the step compiled for it)
+            # A static cache and a step compiled for one plan: each method decodes its own copy of the model with its
+            # plan applied once (re-applying a plan per round would invalidate the compiled graph in the timed part).
+            own = settings.mode == "decode" and settings.decode_impl != "eager"
+            models = {m.spec.name: _applied_copy(model, m.spec) if own else model for m in measured}
+            shared = None if own else _workload(model, settings, device)
+            works = {name: _workload(mm, settings, device) if own else shared for name, mm in models.items()}
+
+            def run_one(m: _Measured, timed: bool) -> None:
+                if not own:
+                    m.spec.apply(model)
+                try:
+                    if not timed:
+                        works[m.spec.name]()
+                        return
+                    reset_peak_memory(device)
+                    m.times.append(works[m.spec.name]())
+                    for key, value in peak_memory(device).items():
+                        m.memory[key] = max(m.memory.get(key, 0.0), value)
+                finally:
+                    if not own:
+                        restore_dense(model)
+
             for m in measured:
-                m.spec.apply(model)
-                for _ in range(settings.warmup):
-                    work()
-                restore_dense(model)
+                for _ in range(max(settings.warmup, 1 if own else 0)):  # compiling is never timed
+                    run_one(m, timed=False)
             _release(device)
             for r in range(settings.repeats):
                 k = r % len(measured)
                 for m in measured[k:] + measured[:k]:
-                    m.spec.apply(model)
-                    reset_peak_memory(device)
-                    m.times.append(work())
-                    mem = peak_memory(device)
-                    for key, value in mem.items():
-                        m.memory[key] = max(m.memory.get(key, 0.0), value)
-                    restore_dense(model)
+                    run_one(m, timed=True)
                 log(f"  round {r + 1}/{settings.repeats}: " + ", ".join(
                     f"{m.spec.name} {m.times[-1] * 1e3:.1f} ms" for m in measured))
     finally:
@@ -332,6 +376,7 @@ def run_methods(model: nn.Module, specs: list[MethodSpec], settings: RunSettings
         "seq_len": settings.seq_len,
         "new_tokens": settings.new_tokens if settings.mode == "decode" else None,
         "use_cache": True if settings.mode == "decode" else settings.use_cache,
+        **({"decode_impl": settings.decode_impl} if settings.mode == "decode" else {}),
         "tokens_per_run": tokens,
         "warmup": settings.warmup,
         "repeats": settings.repeats,

@@ -57,6 +57,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prompt-len", type=positive_int, default=None,
                    help="decode mode: untimed prompt tokens before the timed steps (default --seq-len)")
     p.add_argument("--new-tokens", type=positive_int, default=32, help="decode steps timed per run (default 32)")
+    p.add_argument("--decode-impl", choices=("eager", "static", "compile"), default="eager",
+                   help="decode mode: eager (transformers' dynamic cache), static (a static cache), compile (a static "
+                        "cache and the step compiled with torch.compile; each method decodes its own copy of the "
+                        "model; eager static cache with one warning where compile cannot run). Default eager")
     p.add_argument("--warmup", type=int, default=1, help="untimed runs per method first (default 1)")
     p.add_argument("--repeats", type=positive_int, default=5, help="timed runs per method (default 5)")
     p.add_argument("--cache", action="store_true", help="prefill: fill a KV cache, as generation does")
@@ -196,7 +200,7 @@ def run(args) -> int:
             batch = requested
             while True:
                 settings = RunSettings(mode, batch, seq_len, args.new_tokens, args.warmup, args.repeats,
-                                       args.cache, args.seed)
+                                       args.cache, args.seed, args.decode_impl)
                 print(f"{mode}: batch {batch} x {seq_len}" + (f", {args.new_tokens} new tokens"
                                                                  if mode == "decode" else ""))
                 load = _loadavg()

@@ -117,7 +117,11 @@ class FamilyAdapter:
 
     def logits(self, model: nn.Module, h: torch.Tensor) -> torch.Tensor:
         """The causal-LM head on the last layer's output, with the family's final soft-capping or scaling."""
-        logits = model.lm_head(self.decoder(model).norm(h))
+        return self.head_logits(model, self.decoder(model).norm(h))
+
+    def head_logits(self, model: nn.Module, normed: torch.Tensor) -> torch.Tensor:
+        """The causal-LM head on the decoder's (final-normed) output, with the family's soft-capping or scaling."""
+        logits = model.lm_head(normed)
         cap = getattr(model.config, "final_logit_softcapping", None)
         if cap:
             logits = torch.tanh(logits / cap) * cap

@@ -1,0 +1,125 @@
+"""Greedy decoding on a static KV cache, its step compiled: what keeps batch-1 decoding from being Python-bound.
+
+Eager decoding with transformers' dynamic cache pays, per new token and per layer, a cache concatenation (the whole
+cache copied) and a few dozen Python-level module calls; at batch 1 on a CPU those are a large share of a step of a
+small model. A static cache is allocated once at its final length and written in place; with it every decode step
+has the same shapes, so `torch.compile` traces the step once and replays fused kernels. Selection layers under the
+dense decode policy take their dense path before reading the cache length (method/layer.py), so a step of a dense,
+pruned or OrthoRank model is one graph. Where compile cannot run (no C++ compiler for the CPU backend, an
+unsupported platform), one warning line is printed and the same static-cache loop runs eagerly.
+
+Greedy outputs equal the eager dynamic-cache path (tests/test_static_decode.py): the same kernels up to fusion,
+whose float differences do not change an argmax in the tested cases.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from orthorank.models.adapters import get_adapter
+
+IMPLS = ("eager", "static", "compile")
+_WARNED: set[str] = set()
+
+
+def _cache_kwarg(module: nn.Module) -> str:
+    """transformers 5.17 calls the cache `past_key_values`, later releases `cache` (the old name is deprecated)."""
+    import inspect
+
+    params = inspect.signature(type(module).forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def warn_once(message: str) -> None:
+    if message not in _WARNED:
+        _WARNED.add(message)
+        print(f"warning: {message}", file=sys.stderr, flush=True)
+
+
+def compile_available(device: torch.device) -> str | None:
+    """None when torch.compile's default backend can run here, else why not (one line)."""
+    if not hasattr(torch, "compile"):
+        return "this torch has no torch.compile"
+    if device.type == "cpu":
+        import shutil
+
+        if not any(shutil.which(c) for c in ("g++", "c++", "clang++")):
+            return "no C++ compiler on PATH for torch.compile's CPU backend"
+    return None
+
+
+class StaticDecoder:
+    """Prefill then greedy steps for one model as it is now (a plan applied or not), on a static cache.
+
+    step(): [B, 1] next ids -> [B, vocab] logits of the new position. The compiled step is built per instance: make
+    a new one after changing the model's layers (applying or removing a plan), since its graph holds them."""
+
+    def __init__(self, model: nn.Module, batch: int, max_len: int, impl: str = "compile") -> None:
+        from transformers import StaticCache
+
+        if impl not in ("static", "compile"):
+            raise ValueError(f"unknown static decode implementation {impl!r}")
+        self.model = model
+        self.adapter = get_adapter(model)
+        self.decoder = self.adapter.decoder(model)
+        self.cache_kw = _cache_kwarg(self.decoder)
+        self.cache = StaticCache(config=model.config, max_cache_len=max_len)
+        self.batch, self.max_len = batch, max_len
+        self.pos = 0
+        self.impl = impl
+        self._step: Callable[..., torch.Tensor] = self._eager_step
+        if impl == "compile":
+            device = next(model.parameters()).device
+            why = compile_available(device)
+            if why is None:
+                self._step = torch.compile(self._eager_step, dynamic=False, fullgraph=False)
+            else:
+                warn_once(f"{why}; decoding eagerly on the static cache")
+                self.impl = "static"
+
+    def _run(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        # ids [B, t]; positions [t]: cache slots written
+        kwargs: dict[str, Any] = {self.cache_kw: self.cache, "cache_position": positions,
+                                  "position_ids": positions[None].expand(ids.shape[0], -1), "use_cache": True}
+        if mask is not None:
+            kwargs["attention_mask"] = mask
+        out = self.decoder(input_ids=ids, **kwargs)
+        return self.adapter.head_logits(self.model, out.last_hidden_state[:, -1].contiguous())  # [B, vocab]
+
+    def _eager_step(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return self._run(ids, positions, None)
+
+    def reset(self) -> None:
+        self.cache.reset()
+        self.pos = 0
+
+    def prefill(self, ids: torch.Tensor) -> torch.Tensor:
+        """Eager (prompt lengths vary; compiling them would recompile per length). Unpadded rows."""
+        self.reset()
+        T = ids.shape[1]
+        if T >= self.max_len:
+            raise ValueError(f"prompt of {T} tokens leaves no room in a cache of {self.max_len}")
+        logits = self._run(ids, torch.arange(T, device=ids.device), None)
+        self.pos = T
+        return logits
+
+    def step(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.pos >= self.max_len:
+            raise ValueError(f"the static cache of {self.max_len} positions is full")
+        # A fresh position tensor each step (same shape and dtype): the compiled graph takes it as an input.
+        logits = self._step(ids, torch.tensor([self.pos], device=ids.device))
+        self.pos += 1
+        return logits
+
+    def greedy(self, ids: torch.Tensor, new_tokens: int) -> torch.Tensor:
+        """[B, new_tokens] greedy continuation of unpadded `ids`."""
+        nxt = self.prefill(ids).argmax(-1, keepdim=True)
+        out = [nxt]
+        for _ in range(new_tokens - 1):
+            nxt = self.step(nxt).argmax(-1, keepdim=True)
+            out.append(nxt)
+        return torch.cat(out, dim=1)
