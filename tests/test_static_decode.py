@@ -90,9 +90,18 @@ def test_bench_decode_on_a_static_cache(tmp_path):
 
     out = tmp_path / "bench.json"
     rc = main(["bench", "--model", "smollm2-135m-shape", "--num-layers", "4", "--device", "cpu", "--sparsity", "0.25",
-               "--seq-len", "16", "--mode", "decode", "--new-tokens", "3", "--repeats", "2", "--decode-impl", "static",
+               "--seq-len", "16", "--mode", "decode", "--new-tokens", "3", "--repeats", "2", "--decode-impl", "eager,static",
                "--methods", "dense,spread-prune,spread-orthorank", "--json", str(out)])
     assert rc == 0
-    run = json.loads(out.read_text())["runs"][0]
-    assert run["decode_impl"] == "static" and len(run["methods"]) == 3
-    assert all(len(m["timing"]["times_s"]) == 2 and m["pct_of_bandwidth_bound"] > 0 for m in run["methods"])
+    runs = json.loads(out.read_text())["runs"]
+    assert [r["decode_impl"] for r in runs] == ["eager", "static"]
+    for run in runs:
+        assert len(run["methods"]) == 3
+        assert all(len(m["timing"]["times_s"]) == 2 and m["pct_of_bandwidth_bound"] > 0 for m in run["methods"])
+
+
+def test_bench_refuses_an_unknown_decode_impl(capsys):
+    from cli_helpers import assert_user_error
+
+    assert_user_error(capsys, "unknown --decode-impl 'jit'", "bench", "--model", "smollm2-135m-shape", "--num-layers",
+                      "2", "--mode", "decode", "--decode-impl", "eager,jit")

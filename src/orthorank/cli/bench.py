@@ -57,10 +57,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prompt-len", type=positive_int, default=None,
                    help="decode mode: untimed prompt tokens before the timed steps (default --seq-len)")
     p.add_argument("--new-tokens", type=positive_int, default=32, help="decode steps timed per run (default 32)")
-    p.add_argument("--decode-impl", choices=("eager", "static", "compile"), default="eager",
+    p.add_argument("--decode-impl", type=lambda t: _list(str, t), default=["eager"],
                    help="decode mode: eager (transformers' dynamic cache), static (a static cache), compile (a static "
                         "cache and the step compiled with torch.compile; each method decodes its own copy of the "
-                        "model; eager static cache with one warning where compile cannot run). Default eager")
+                        "model; eager static cache with one warning where compile cannot run), or a comma-separated "
+                        "list, run one after another (default eager)")
     p.add_argument("--warmup", type=int, default=1, help="untimed runs per method first (default 1)")
     p.add_argument("--repeats", type=positive_int, default=5, help="timed runs per method (default 5)")
     p.add_argument("--cache", action="store_true", help="prefill: fill a KV cache, as generation does")
@@ -86,6 +87,11 @@ def _check(args) -> None:
     bad = [m for m in args.mode if m not in MODES]
     if bad:
         raise UserError(f"unknown mode {bad[0]!r}; choose from {', '.join(MODES)}")
+    from orthorank.models.static_decode import IMPLS
+
+    bad = [m for m in args.decode_impl if m not in IMPLS]
+    if bad:
+        raise UserError(f"unknown --decode-impl {bad[0]!r}; choose from {', '.join(IMPLS)}")
     if args.warmup < 0:
         raise UserError("--warmup must be 0 or more")
     for m in args.methods:
@@ -196,12 +202,13 @@ def run(args) -> int:
     for mode in args.mode:
         batches = args.decode_batch if mode == "decode" and args.decode_batch else args.batch
         seq_len = (args.prompt_len or args.seq_len) if mode == "decode" else args.seq_len
-        for requested in batches:
+        impls = args.decode_impl if mode == "decode" else ["eager"]
+        for requested, impl in [(b, i) for i in impls for b in batches]:
             batch = requested
             while True:
                 settings = RunSettings(mode, batch, seq_len, args.new_tokens, args.warmup, args.repeats,
-                                       args.cache, args.seed, args.decode_impl)
-                print(f"{mode}: batch {batch} x {seq_len}" + (f", {args.new_tokens} new tokens"
+                                       args.cache, args.seed, impl)
+                print(f"{mode}: batch {batch} x {seq_len}" + (f", {args.new_tokens} new tokens ({impl})"
                                                                  if mode == "decode" else ""))
                 load = _loadavg()
                 try:
