@@ -183,8 +183,11 @@ def test_calibrate_killed_ten_times(slow_setup, tmp_path, method):
 def test_ctrl_c_says_what_was_kept_and_how_to_resume(slow_setup, tmp_path):
     folder, text = slow_setup
     # enough calibration windows that the search is still running when the signal arrives, however loaded the host
+    # SIGINT at its default in the child: a suite started in the background (`cmd &`) hands its children an
+    # ignored SIGINT, which Python then keeps ignoring
     proc = subprocess.Popen(_calibrate(folder, text, tmp_path, "plan.json", extra=["--calib-samples", "64"]),
-                            cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     store = tmp_path / "store" / "search"
     deadline = time.time() + 120
     while time.time() < deadline and not list(store.rglob("e-0000001-*.json")):  # wait for the first step
