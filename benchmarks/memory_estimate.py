@@ -2,7 +2,7 @@
 (1 x T tokens, logits and the cross-entropy) and of a generation (prefill of T tokens with a KV cache, then new
 tokens), on the embedded model, T from 1k to 16k.
 
-    .venv/bin/python benchmarks/memory_estimate.py --lengths 1024,2048,4096,8192,16384 --out benchmarks/results/memory
+    .venv/bin/python benchmarks/memory_estimate.py --threads 1 --trials 3 --out benchmarks/results/memory
 
 Prints a table and writes memory.json and memory.md (estimate, measurement, ratio; versions, device, git commit).
 """
@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from orthorank.bench.memory import PeakMeter, Shape, estimate_bytes  # noqa: E402
 from orthorank.evaluation.perplexity import window_nll  # noqa: E402
 from orthorank.models.loading import load_model  # noqa: E402
+from orthorank.models.static_decode import allocated_static_cache  # noqa: E402
 from orthorank.results import atomic_write_text, write_json  # noqa: E402
 
 
@@ -44,8 +45,10 @@ def measure_one(args, kind: str, T: int) -> dict:
             window_nll(model, ids)
             est = estimate_bytes(shape, 1, T, loss=True)
         else:
+            # as the commands generate (evaluation/generation.py): a static cache allocated before the prefill
+            cache = allocated_static_cache(model, 1, T + args.new_tokens)
             model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.new_tokens,
-                           min_new_tokens=args.new_tokens, do_sample=False, pad_token_id=0)
+                           min_new_tokens=args.new_tokens, do_sample=False, pad_token_id=0, past_key_values=cache)
             est = estimate_bytes(shape, 1, T, cache_tokens=T + args.new_tokens, all_logits=False)
     got = meter.peak_above_bytes()
     return {"kind": kind, "tokens": T, "estimate_mib": round(est / 2**20, 1), "measured_mib": round(got / 2**20, 1),
@@ -59,6 +62,8 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--lengths", default="1024,2048,4096,8192,16384")
     p.add_argument("--new-tokens", type=int, default=16)
+    p.add_argument("--trials", type=int, default=3,
+                   help="fresh processes per case: the resident peak varies between identical runs (allocator)")
     p.add_argument("--out", default="benchmarks/results/memory")
     p.add_argument("--one", nargs=2, metavar=("KIND", "TOKENS"), help=argparse.SUPPRESS)
     p.add_argument("--reestimate", action="store_true",
@@ -79,25 +84,36 @@ def main() -> int:
             r["estimate_mib"] = round(est / 2**20, 1)
             r["ratio"] = round(est / (r["measured_mib"] * 2**20), 3) if r["measured_mib"] else None
     for T in ([] if args.reestimate else (int(x) for x in args.lengths.split(","))):
-        for kind in ("perplexity", "generation"):  # each case in a fresh process: no allocator state carried
-            done = subprocess.run([sys.executable, __file__, "--model", args.model, "--dtype", args.dtype,
-                                   "--threads", str(args.threads), "--new-tokens", str(args.new_tokens), "--one",
-                                   kind, str(T)], capture_output=True, text=True)
-            line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT ")), None)
-            if line is None:
-                raise SystemExit(f"{kind} at {T} tokens failed: {done.stderr[-1500:]}")
-            r = json.loads(line[7:])
+        for kind in ("perplexity", "generation"):  # each case in fresh processes: no allocator state carried
+            trials = []
+            for _ in range(args.trials):
+                done = subprocess.run([sys.executable, __file__, "--model", args.model, "--dtype", args.dtype,
+                                       "--threads", str(args.threads), "--new-tokens", str(args.new_tokens), "--one",
+                                       kind, str(T)], capture_output=True, text=True)
+                line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT ")), None)
+                if line is None:
+                    raise SystemExit(f"{kind} at {T} tokens failed: {done.stderr[-1500:]}")
+                trials.append(json.loads(line[7:]))
+            r = dict(trials[0])
+            got = sorted(t["measured_mib"] for t in trials)
+            r["measured_trials_mib"] = got
+            r["measured_mib"] = got[len(got) // 2]  # the median
+            r["ratio"] = round(r["estimate_mib"] / r["measured_mib"], 3) if r["measured_mib"] else None
+            r["ratio_range"] = [round(r["estimate_mib"] / got[-1], 3), round(r["estimate_mib"] / got[0], 3)]
             rows.append(r)
-            print(f"{kind:>10} {T:>6} tokens: estimate {r['estimate_mib']:8.1f} MiB, measured "
-                  f"{r['measured_mib']:8.1f} MiB, estimate / measured {r['ratio']}", flush=True)
+            print(f"{kind:>10} {T:>6} tokens: estimate {r['estimate_mib']:8.1f} MiB, measured {got} MiB, "
+                  f"estimate / median {r['ratio']}", flush=True)
     out = Path(args.out)
     caption = (f"Peak memory above the loaded model, {rows[0]['model']} ({args.dtype}, {args.threads} threads, "
                f"batch 1): the guard's estimate against the measured peak ({rows[0]['how']}), each case in a fresh "
-               f"process after a warm-up; generation = prefill with a KV cache plus {args.new_tokens} new tokens.")
-    lines = [caption, "", "| kind | tokens | estimate (MiB) | measured (MiB) | estimate / measured |",
-             "|---|---|---|---|---|"]
-    lines += [f"| {r['kind']} | {r['tokens']} | {r['estimate_mib']} | {r['measured_mib']} | {r['ratio']} |"
-              for r in rows]
+               f"process after a warm-up, {args.trials} processes per case (the median, and the range of the "
+               f"ratio over them); generation = a static KV cache allocated first, the prefill, then "
+               f"{args.new_tokens} new tokens.")
+    lines = [caption, "", "| kind | tokens | estimate (MiB) | measured, median (MiB) | measured, every trial (MiB) "
+             "| estimate / median | estimate / measured, range |", "|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['kind']} | {r['tokens']} | {r['estimate_mib']} | {r['measured_mib']} | "
+              f"{', '.join(str(x) for x in r.get('measured_trials_mib', [r['measured_mib']]))} | {r['ratio']} | "
+              f"{'-'.join(str(x) for x in r.get('ratio_range', [r['ratio']]))} |" for r in rows]
     write_json(out / "memory.json", {"command": "memory_estimate", "model": rows[0]["model"], "dtype": args.dtype,
                                      "threads": args.threads, "rows": rows}, overwrite=True)
     atomic_write_text(out / "memory.md", "\n".join(lines) + "\n")

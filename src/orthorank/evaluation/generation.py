@@ -9,6 +9,7 @@ import torch
 
 from orthorank.bench.bandwidth import copy_bandwidth, decode_bound, decode_step_bytes
 from orthorank.models.loading import input_device
+from orthorank.models.static_decode import allocated_static_cache
 
 
 class Timer:
@@ -55,10 +56,14 @@ def generate_rows(lm, rows: list[list[int]], max_new_tokens: int, echo: bool = F
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     ids, mask = left_pad(rows, pad)
     device = input_device(lm.model)
+    # A static cache allocated before the prefill: the memory guard's estimate is then what the process takes
+    # (models/static_decode.py), and decode steps write in place instead of concatenating the cache.
+    cache = allocated_static_cache(lm.model, len(rows), ids.shape[1] + max_new_tokens)
     timer = Timer(tok, echo)
     out = lm.model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), max_new_tokens=max_new_tokens,
-                            do_sample=False, pad_token_id=pad, streamer=timer,
+                            do_sample=False, pad_token_id=pad, streamer=timer, past_key_values=cache,
                             eos_token_id=stop_ids or tok.eos_token_id)
+    del cache
     end = time.perf_counter()
     new = out[:, ids.shape[1]:].tolist()
     stops = set(stop_ids or [tok.eos_token_id])

@@ -47,6 +47,23 @@ class _Facts:
     __slots__ = ("key", "padded", "valid", "sink_pos", "in_chunk", "all_in_chunk", "k", "kmax", "uniform")
 
 
+def padding_from_4d(mask: Any, config: Any) -> torch.Tensor | None:
+    """[B, S] bool: the keys that some query of this forward may attend under a full-attention 4-D mask ([B, 1, q,
+    S], boolean or additive): the real tokens of past + current positions, False for padding and for static-cache
+    slots not yet written. None where no such mask exists: sliding-window masks also hide old keys, so a model whose
+    layers are all sliding is read as unpadded, as without any mask."""
+    if isinstance(mask, dict):
+        mask = mask.get("full_attention")
+    elif isinstance(mask, torch.Tensor) and config is not None:
+        types = getattr(config, "layer_types", None)
+        if getattr(config, "sliding_window", None) and (types is None or "full_attention" not in types):
+            return None
+    if not (isinstance(mask, torch.Tensor) and mask.dim() == 4):
+        return None
+    allowed = mask if mask.dtype == torch.bool else mask == 0
+    return allowed.any(dim=2)[:, 0]
+
+
 class SequenceContext:
     """Per-forward facts shared by all selection layers of one model: the 2-D padding mask of past + current
     tokens, captured by a pre-hook on the decoder stack (layers only get the 4-D mask, which may be None)."""
@@ -61,11 +78,14 @@ class SequenceContext:
 
     def capture(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         mask = kwargs.get("attention_mask", args[1] if len(args) > 1 else None)
-        self.attention_mask = mask if isinstance(mask, torch.Tensor) and mask.dim() == 2 else None
+        config = getattr(module, "config", None)
+        if isinstance(mask, torch.Tensor) and mask.dim() == 2:
+            self.attention_mask = mask
+        else:  # generation on a static cache hands the decoder 4-D masks, built by `generate` from the 2-D one
+            self.attention_mask = padding_from_4d(mask, config)
         ids = kwargs.get("input_ids", args[0] if args else None)
         self.input_ids = ids if isinstance(ids, torch.Tensor) and ids.dim() == 2 else None
         self.decoder = module
-        config = getattr(module, "config", None)
         self.record_states = bool(kwargs.get("output_hidden_states") or getattr(config, "output_hidden_states", False))
         self._facts = None
         self._row_hashes = None
@@ -102,8 +122,9 @@ class SequenceContext:
         f = _Facts()
         f.key = key
         full_valid = None
-        if mask2d is not None and mask2d.shape[1] == past + T:
-            full_valid = mask2d.bool()
+        if mask2d is not None and mask2d.shape[1] >= past + T:
+            # generation on a static cache may hand over the mask of every cache slot: the first past + T are ours
+            full_valid = mask2d[:, :past + T].bool()
             if bool(full_valid.all()):  # one sync per forward, not per layer
                 full_valid = None
         f.padded = full_valid is not None
@@ -540,10 +561,10 @@ class SelectiveLayer:
         """[B, S] bool or None: keys that may be attended apart from causality and the window."""
         parts = [] if call.key_keep is None else [call.key_keep]
         pad = self._context.attention_mask
-        if not have_mask and call.padded and pad is not None and pad.shape == (B, call.past + T):
+        if not have_mask and call.padded and pad is not None and pad.shape[0] == B and pad.shape[1] >= call.past + T:
             # No 4-D mask from the model (SDPA's causal shortcut, flash's 2-D mask, flex's block mask): padding
             # comes from the 2-D mask of past + current tokens that the context captured.
-            parts.append(pad.bool())
+            parts.append(pad[:, :call.past + T].bool())
         if not parts:
             return None
         valid = parts[0] if len(parts) == 1 else parts[0] & parts[1]
