@@ -83,6 +83,9 @@ def main() -> int:
                    estimate_bytes(shape, 1, T, cache_tokens=T + args.new_tokens, all_logits=False))
             r["estimate_mib"] = round(est / 2**20, 1)
             r["ratio"] = round(est / (r["measured_mib"] * 2**20), 3) if r["measured_mib"] else None
+            if r.get("measured_trials_mib"):
+                got = r["measured_trials_mib"]
+                r["ratio_range"] = [round(r["estimate_mib"] / got[-1], 3), round(r["estimate_mib"] / got[0], 3)]
     for T in ([] if args.reestimate else (int(x) for x in args.lengths.split(","))):
         for kind in ("perplexity", "generation"):  # each case in fresh processes: no allocator state carried
             trials = []

@@ -13,7 +13,7 @@ uninterrupted (the resume tests check they are identical). Writes resume.json an
 from __future__ import annotations
 
 import argparse
-import json
+import os
 import re
 import signal
 import subprocess
@@ -34,10 +34,12 @@ def _run(argv: list[str], kill_after: int | None) -> dict:
     """Run one calibrate; stamp each logged step (seconds since start); SIGKILL after step `kill_after`."""
     cmd = [sys.executable, "-m", "orthorank.cli.main", *argv]
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, bufsize=1)
+    # calibrate logs its steps on stdout, tqdm and errors go to stderr: read both
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
     steps: dict[int, float] = {}
     resumed, log = None, []
-    for line in proc.stderr:
+    for line in proc.stdout:
         now = time.perf_counter() - start
         log.append(line.rstrip())
         if m := RESUMED.search(line):

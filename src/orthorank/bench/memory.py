@@ -11,8 +11,10 @@ Estimated (bytes above the loaded model) for a forward over B x T tokens of a de
   product, B T (4 D + q + 2 kv + 3 F) values; eager attention adds its B H T S scores and probabilities;
 - at the head: the logits, B T V values (generation: B V, the last position only), and for perplexity the cross-entropy's float32 log-probabilities (a second
   B T V) and, for B > 1, the contiguous copy of the shifted logits (a third);
-plus the KV cache when one is kept (2 L B kv (T + new) values) and, when generating, a fixed ~48 MiB of the
-generate loop's own. Values are the model dtype's size, logits float32.
+plus the KV cache when one is kept (2 L B kv (T + new) values). Values are the model dtype's size, logits float32.
+Generation allocates its static cache before the prefill (models/static_decode.py): allocated lazily, the cache's
+blocks fell between the prefill's activations and the heap grew by up to a third above this estimate, differently
+from run to run.
 """
 
 from __future__ import annotations
@@ -30,10 +32,6 @@ from orthorank.errors import UserError
 MIB = 2**20
 # Memory kept free beside the estimate: the allocator's slack, Python, tokenizers and libraries' buffers.
 HEADROOM = 0.9
-# transformers' generate loop holds about this much whatever the length (its logits processors and stopping
-# criteria, the decode step's kernels' workspaces): measured on SmolLM2-135M at 1k and 2k tokens, 51 MiB both times
-# (benchmarks/memory_estimate.py).
-GENERATE_FIXED = 48 * 2**20
 
 
 def _status_kib(field: str) -> int | None:
@@ -157,8 +155,7 @@ def estimate_bytes(shape: Shape, batch: int, tokens: int, *, loss: bool = False,
         layer += 2 * batch * s.heads * tokens * keys * s.value_bytes
     head = head_rows * s.vocab * 4 * (1 + (1 if loss else 0) + (1 if loss and batch > 1 else 0))
     cache = 2 * s.layers * batch * kv * cache_tokens * s.value_bytes
-    fixed = GENERATE_FIXED if cache_tokens and not all_logits else 0
-    return int(max(layer, head) + cache + bt * s.hidden * s.value_bytes + fixed)
+    return int(max(layer, head) + cache + bt * s.hidden * s.value_bytes)
 
 
 def available_bytes(device) -> int | None:
