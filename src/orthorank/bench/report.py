@@ -74,7 +74,8 @@ def markdown_table(records: list[dict[str, Any]]) -> str:
                      else f"{run['batch']} x {run['new_tokens']} new (prompt {run['seq_len']})")
             for m in run["methods"]:
                 out.append(
-                    f"| {rec['model']} ({rec['num_layers']} layers) | {device} | {rec['dtype']} | {run['mode']} | "
+                    f"| {rec['model']} ({rec['num_layers']} layers) | {device} | {rec['dtype']} | {run['mode']}"
+                    + (f" ({run['decode_impl']})" if run.get("decode_impl") else "") + " | "
                     f"{shape} | {m['method']} | {m['changed_layers']} | {m['tokens_per_s']:.0f} | "
                     f"{_f(m['speedup_vs_dense'], '.3f')} | {_f(m.get('speedup_vs_dense_best_runs'), '.3f')} | "
                     f"{_f(m['throughput_vs_layer_removal'], '.3f')} | "

@@ -16,7 +16,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from orthorank.bench.bandwidth import copy_bandwidth, decode_bound, decode_step_bytes
+from orthorank.bench.bandwidth import decode_bound, decode_step_bytes, process_bandwidth
 from orthorank.bench.costmodel import (
     flop_layer_cost, ideal_speedup, kv_fraction, selective_layer_cost, spread_layers,
 )
@@ -256,7 +256,7 @@ def run_methods(model: nn.Module, specs: list[MethodSpec], settings: RunSettings
     tokens = settings.batch * (settings.seq_len if settings.mode == "prefill" else settings.new_tokens)
     measured = [_Measured(s) for s in specs]
     base_mib = current_memory_mib(device)
-    bandwidth = copy_bandwidth(device) if settings.mode == "decode" else None
+    bandwidth = process_bandwidth(device) if settings.mode == "decode" else None
     try:
         with torch.inference_mode():
             # one workload per method where it holds per-plan state (a static cache and the step compiled for it)

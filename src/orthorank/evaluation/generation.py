@@ -7,7 +7,7 @@ import time
 
 import torch
 
-from orthorank.bench.bandwidth import copy_bandwidth, decode_bound, decode_step_bytes
+from orthorank.bench.bandwidth import decode_bound, decode_step_bytes, process_bandwidth
 from orthorank.models.loading import input_device
 from orthorank.models.static_decode import allocated_static_cache
 
@@ -77,16 +77,6 @@ def generate_rows(lm, rows: list[list[int]], max_new_tokens: int, echo: bool = F
     if timing["decode_tokens_per_s"] is not None:
         # what reading the weights and the cache once per step allows (the plan's removed layers read nothing)
         step = decode_step_bytes(lm.model, (), len(rows), ids.shape[1] + n_new // 2)
-        timing["bandwidth_bound_tokens_per_s"] = decode_bound(step, len(rows), _bandwidth(device))
+        timing["bandwidth_bound_tokens_per_s"] = decode_bound(step, len(rows), process_bandwidth(device))
     return trimmed, timing
 
-
-_BANDWIDTH: dict[str, float] = {}
-
-
-def _bandwidth(device: torch.device) -> float:
-    """This process's copy bandwidth, measured once per device."""
-    key = str(device)
-    if key not in _BANDWIDTH:
-        _BANDWIDTH[key] = copy_bandwidth(device)
-    return _BANDWIDTH[key]
