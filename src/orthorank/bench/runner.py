@@ -9,7 +9,6 @@ order each round) so that drift of the machine's speed hits all of them alike.
 from __future__ import annotations
 
 import gc
-import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -29,6 +28,7 @@ from orthorank.method.cost import Arch, compute_sparsity
 from orthorank.method.plan import Plan, layers_for_sparsity
 from orthorank.method.selection import SelectionConfig
 from orthorank.models.adapters import get_adapter
+from orthorank.models.static_decode import cache_kwarg as _cache_kwarg
 
 MODES = ("prefill", "decode", "layer")
 
@@ -126,12 +126,6 @@ def spread_hybrid_layers(sparsity: float, num_layers: int, ratio: float, arch: A
             break
     picks = spread_layers(n, len(rest))
     return removed, [rest[j] for j in picks]
-
-
-def _cache_kwarg(module: nn.Module) -> str:
-    """transformers 5.17 calls the cache `past_key_values`, later releases `cache` (the old name is deprecated)."""
-    params = inspect.signature(type(module).forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
 
 
 def _output_cache(out: Any) -> Any:

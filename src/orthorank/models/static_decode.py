@@ -26,7 +26,7 @@ IMPLS = ("eager", "static", "compile")
 _WARNED: set[str] = set()
 
 
-def _cache_kwarg(module: nn.Module) -> str:
+def cache_kwarg(module: nn.Module) -> str:
     """transformers 5.17 calls the cache `past_key_values`, later releases `cache` (the old name is deprecated)."""
     import inspect
 
@@ -83,7 +83,7 @@ class StaticDecoder:
         self.model = model
         self.adapter = get_adapter(model)
         self.decoder = self.adapter.decoder(model)
-        self.cache_kw = _cache_kwarg(self.decoder)
+        self.cache_kw = cache_kwarg(self.decoder)
         self.cache = allocated_static_cache(model, batch, max_len)
         self.batch, self.max_len = batch, max_len
         self.pos = 0
