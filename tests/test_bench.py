@@ -329,15 +329,19 @@ def test_selective_layer_does_not_modify_its_input():
     assert torch.equal(h, before) and not torch.equal(out, h)
 
 
-@pytest.mark.skipif(os.environ.get("ORTHORANK_TEST_GPU_SCRIPT") != "1",
-                    reason="runs benchmarks/gpu_bench.sh end to end (about a minute); set ORTHORANK_TEST_GPU_SCRIPT=1")
 def test_gpu_script_tiny(tmp_path):
+    """The GPU script's CPU dry run: every run it makes (shapes with Gemma's, policies, decode implementations) on
+    4-layer shapes, one folder of JSON and the Markdown summary."""
     env = {**os.environ, "GPU_BENCH_TINY": "1", "PYTHON": sys.executable}
     proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_bench.sh"), str(tmp_path)], capture_output=True,
                           text=True, env=env, timeout=900, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     files = sorted(p.name for p in tmp_path.glob("*.json"))
-    assert any(f.startswith("prefill-") for f in files) and any(f.startswith("decode-") for f in files)
+    for shape in ("smollm2-135m-shape", "gemma3-270m-shape"):
+        assert {f"prefill-{shape}.json", f"decode-{shape}.json", f"decode-threshold-{shape}.json"} <= set(files)
+    assert {"prefill-policies-smollm2-135m-shape.json", "prefill-keep-recent-smollm2-135m-shape.json"} <= set(files)
+    impls = {r["decode_impl"] for r in json.loads((tmp_path / "decode-gemma3-270m-shape.json").read_text())["runs"]}
+    assert impls == {"eager", "static"} and "bandwidth bound" in (tmp_path / "summary.md").read_text()
 
 
 def test_spread_hybrid_for_speed_measurements(tmp_path):
