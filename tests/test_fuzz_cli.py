@@ -132,29 +132,27 @@ def _check(command: str, argv: list[str], paths: dict[str, str]) -> None:
             assert lines and "error" in lines[-1], (full, err[-2000:])
 
 
-@pytest.mark.data
-@pytest.mark.parametrize("command", sorted(COMMANDS))
-def test_random_arguments_give_exit_0_or_a_one_line_error(command, fuzz_paths):
-    @settings(max_examples=5, deadline=None, derandomize=True, database=None,
+def _fuzz(command: str, fuzz_paths, draws: int) -> None:
+    @settings(max_examples=draws, deadline=None, derandomize=True, database=None,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
     @given(argv=argvs(command))
     def check(argv):
         _check(command, argv, fuzz_paths)
 
     check()
+
+
+@pytest.mark.data
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_random_arguments_give_exit_0_or_a_one_line_error(command, fuzz_paths):
+    _fuzz(command, fuzz_paths, 5)
 
 
 @pytest.mark.slow
 @pytest.mark.data
 @pytest.mark.parametrize("command", sorted(COMMANDS))
 def test_random_arguments_many(command, fuzz_paths):
-    @settings(max_examples=40, deadline=None, derandomize=True, database=None,
-              suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
-    @given(argv=argvs(command))
-    def check(argv):
-        _check(command, argv, fuzz_paths)
-
-    check()
+    _fuzz(command, fuzz_paths, 40)
 
 
 def test_every_subcommand_is_fuzzed():
