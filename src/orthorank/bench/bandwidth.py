@@ -65,10 +65,10 @@ def _bytes(module: nn.Module) -> int:
 
 def _kv_row_bytes(config: Any, value_bytes: int) -> int:
     """K and V of one position in one layer."""
-    heads = int(config.num_attention_heads)
-    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
-    head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
-    return 2 * kv_heads * head_dim * value_bytes
+    from orthorank.method.cost import Arch
+
+    a = Arch.from_config(config)
+    return 2 * a.kv_heads * a.head_dim * value_bytes
 
 
 def decode_step_bytes(model: nn.Module, removed: Iterable[int] = (), batch: int = 1, context: int = 0) -> dict[str, int]:

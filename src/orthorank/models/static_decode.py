@@ -65,14 +65,14 @@ def allocated_static_cache(model: nn.Module, batch: int, max_len: int) -> Any:
     from transformers import StaticCache
 
     cache = StaticCache(config=model.config, max_cache_len=max_len)
-    heads = int(config.num_attention_heads)
-    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
-    head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
+    from orthorank.method.cost import Arch
+
+    arch = Arch.from_config(config)
     devices = set(getattr(model, "hf_device_map", {}).values())
     if len(devices) > 1:  # layers on several devices (or offloaded): each layer's cache goes where its keys are
         return cache
     p = next(model.parameters())
-    cache.early_initialization(batch, kv_heads, head_dim, p.dtype, p.device)
+    cache.early_initialization(batch, arch.kv_heads, arch.head_dim, p.dtype, p.device)
     return cache
 
 
