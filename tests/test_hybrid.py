@@ -483,21 +483,23 @@ def test_calibrate_hybrid_cli(tiny_hf_folder, tmp_path, capsys):
 # -- measuring plans, the frontier plot, compare's references -------------------------------------------------------
 
 
-def test_measured_speedups_and_frontier_plot(tmp_path):
-    from orthorank.analysis.frontier import FrontierPoint, plot_frontier
-    from orthorank.bench.cost_table import measure_plan_speedups
+def test_frontier_points_and_plot(tmp_path):
+    """Rows timed in this run become frontier points (dense at 1x); rows without a measurement are left out."""
+    import numpy as np
 
-    m = tiny_model(layers=6)
-    plans = {"dense": Plan("dense", [], "tiny", dict(SIG)), "prune": Plan("prune", [2, 3], "tiny", dict(SIG)),
-             "hybrid": hybrid({1: "remove", 2: 0.25})}
-    lines = []
-    res = measure_plan_speedups(m, plans, torch.device("cpu"), batch=1, seq_len=16, repeats=2, log=lines.append)
-    assert set(res["plans"]) == set(plans) and res["plans"]["dense"]["speedup"] == pytest.approx(1.0)
-    assert all(len(v["timing"]["times_s"]) == 2 and v["speedup"] > 0 for v in res["plans"].values())
-    assert len(lines) == 2 and len(m.model.layers) == 6  # restored to dense
-    pts = [FrontierPoint("dense", "dense", 1.0, None, None, {"wikitext2": (20.0, 19.0, 21.0)}),
-           FrontierPoint("sleb", "0.2", 1.2, (1.1, 1.3), 1.25, {"wikitext2": (60.0, 55.0, 65.0)}),
-           FrontierPoint("hybrid", "x1.25", 1.24, (1.2, 1.3), 1.25, {"wikitext2": (50.0, 45.0, 55.0)})]
+    from orthorank.analysis.frontier import plot_frontier
+    from orthorank.evaluation.compare import Row, frontier_points
+
+    rows = [Row("dense", 0.0, Plan("dense", [], "tiny", dict(SIG))), Row("sleb", 0.2, Plan("prune", [2], "tiny", dict(SIG))),
+            Row("hybrid", 0.2, hybrid({1: "remove", 2: 0.25})), Row("orthorank", 0.2, Plan("orthorank", [2], "tiny", dict(SIG)))]
+    for r, nll in zip(rows, (3.0, 4.0, 3.8, 3.9)):
+        r.nll["wikitext2"], r.tokens["wikitext2"] = np.array([nll * 63, (nll + 0.1) * 63, (nll - 0.1) * 63]), 63
+    rows[1].measured_speedup, rows[1].measured_range = 1.2, (1.1, 1.3)
+    rows[2].measured_speedup, rows[2].measured_range = 1.24, (1.2, 1.3)
+    pts = frontier_points(rows, ["wikitext2"])
+    assert [(p.method, p.label, p.measured) for p in pts] == [("dense", "dense", 1.0), ("sleb", "0.2", 1.2),
+                                                              ("hybrid", "0.2", 1.24)]
+    assert pts[2].measured_range == (1.2, 1.3) and pts[0].ppl["wikitext2"][0] == pytest.approx(np.exp(3.0))
     assert plot_frontier(pts, ["wikitext2"], tmp_path / "f.png").stat().st_size > 1000
 
 
@@ -547,11 +549,16 @@ def test_compare_runs_saved_hybrid_plans(tiny_hf_folder, tmp_path, monkeypatch, 
     assert code == 0, err
     code, out, err = run_cli(capsys, "compare", "--model", tiny_hf_folder, "--methods", "dense,sleb,hybrid",
                              "--sparsity", "0.25", "--datasets", "wikitext2", "--seq-len", "64", "--max-windows", "3",
-                             "--out", "out", "--store", "store", "--threads", "1")
+                             "--out", "out", "--store", "store", "--threads", "1", "--measure-speed", "2")
     assert code == 0, err
     assert "| hybrid | 0.25 |" in out
     result = json.loads((tmp_path / "out" / "compare.json").read_text())
     assert {(c["a"], c["b"]) for c in result["comparisons"]} >= {("hybrid", "sleb"), ("sleb", "dense")}
+    # --measure-speed: every plan timed in this run, with the range of its per-repeat ratios, and the frontier
+    timed = [r for r in result["rows"] if r["method"] != "dense"]
+    assert all(r["sparsity"]["measured_at"] == "this run" and r["measured_range"][0] <= r["sparsity"]["measured_speedup"]
+               <= r["measured_range"][1] for r in timed)
+    assert (tmp_path / "out" / "frontier.png").stat().st_size > 1000
 
 
 def test_plan_options_on_hybrid_plans(tiny_hf_folder, tmp_path, capsys):

@@ -97,7 +97,7 @@ def _check(args) -> None:
     for m in args.methods:
         if get_method(m).plan_kind == "hybrid" and get_method(m).layers != "spread":
             raise UserError("bench times dense, prune and orthorank plans, not hybrid ones; for hybrid plans use "
-                            "`bench --cost-table` (predicted) or benchmarks/hybrid.py (measured)")
+                            "`bench --cost-table` (predicted) or `compare --measure-speed` (measured)")
 
 
 def _loadavg() -> list[float] | None:
@@ -158,7 +158,7 @@ def run(args) -> int:
         if plan.method == "hybrid":
             raise UserError(f"plan file {path} is a hybrid plan; bench times dense, prune and orthorank plans "
                             "(predict a hybrid plan's speed-up from `bench --cost-table`, or time it with "
-                            "benchmarks/hybrid.py)")
+                            "`compare --measure-speed`)")
     selection = selection_from_args(args)
     specs = method_specs(args.methods, lm.num_layers, args.sparsity, selection, plans, model_name=lm.name,
                          arch=Arch.from_config(lm.config, lm.num_layers), seq_len=args.seq_len)

@@ -17,7 +17,7 @@ from orthorank.cli.common import (
 from orthorank.errors import UserError, comma_items
 from orthorank.evaluation.compare import (
     Row, ablation_plans, comparison_table, policy_plans, comparisons, dataset_stream, evaluate_rows, markdown_table,
-    headroom_table, headrooms, measure_speedups, plot_ppl, worst_domain_table, worst_domains,
+    frontier_points, headroom_table, headrooms, measure_speedups, plot_ppl, worst_domain_table, worst_domains,
 )
 from orthorank.evaluation.data import DATASETS, load_eval_part
 from orthorank.evaluation.perplexity import make_windows
@@ -215,8 +215,10 @@ def run(args) -> int:
         first = next(iter(windows.values()))[0] if windows else None
         if first is None:
             raise UserError("--measure-speed needs a perplexity dataset to time")
-        dense_s = measure_speedups(lm.model, [r for r in rows if r.method != "dense"], first, args.measure_speed)
-        say(f"measured prefill of 1 x {args.seq_len} tokens: dense {dense_s:.3f}s (median of {args.measure_speed})")
+        measure_speedups(lm.model, [r for r in rows if r.method != "dense"], first, args.measure_speed)
+        say(f"measured prefill speed-ups of 1 x {args.seq_len} tokens (median of {args.measure_speed} interleaved "
+            "repeats): " + ", ".join(f"{r.method}@{r.level:g} {r.measured_speedup:.3f}x" for r in rows
+                                     if r.measured_speedup is not None))
     evaluate_rows(lm.model, rows, windows, streams, store, args.batch_size, progress=True, fingerprint=fp)
     zs = None
     if tasks:
@@ -283,5 +285,11 @@ def run(args) -> int:
     if datasets:
         plot = plot_ppl(rows, datasets, out / "compare.png", arch, args.seq_len)
         msg += f"; plot: {plot}"
+        if args.measure_speed:  # perplexity against the speed-up measured in this run, every row a point
+            from orthorank.analysis.frontier import plot_frontier
+
+            frontier = plot_frontier(frontier_points(rows, datasets), datasets, out / "frontier.png",
+                                     f"{lm.name}, windows of {args.seq_len} tokens")
+            msg += f", {frontier}"
     print(msg + f"  ({seconds:.0f}s of evaluation, {dist.world_size()} process(es))")
     return 0

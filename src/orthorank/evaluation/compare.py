@@ -16,7 +16,6 @@ from orthorank.evaluation.stats import Interval, paired_perplexity_ratio, perple
 from orthorank.method.apply import apply_plan, restore_dense
 from orthorank.method.cost import Arch
 from orthorank.method.plan import Plan
-from orthorank.models.loading import input_device
 
 # Ablations of the paper, applied on the OrthoRank plan's own layers. The paper does not say whether the sink's
 # keys/values stay visible when bypassed tokens give none, so both variants are run.
@@ -38,6 +37,7 @@ class Row:
     nll: dict[str, np.ndarray] = field(default_factory=dict)  # dataset -> summed NLL per window
     tokens: dict[str, int] = field(default_factory=dict)  # dataset -> predicted tokens per window
     measured_speedup: float | None = None
+    measured_range: tuple[float, float] | None = None  # range of the per-repeat ratios behind it
 
     @property
     def family(self) -> str:
@@ -65,6 +65,8 @@ class Row:
     def to_dict(self, arch: Arch, seq_len: int) -> dict[str, Any]:
         out: dict[str, Any] = {"method": self.method, "level": self.level, "layers": self.plan.layers,
                                "sparsity": self.sparsity(arch, seq_len)}
+        if self.measured_range is not None:
+            out["measured_range"] = [round(v, 4) for v in self.measured_range]
         for d in self.nll:
             ci = self.interval(d)
             out[d] = {"perplexity": round(ci.value, 6), "ci95": [round(ci.low, 6), round(ci.high, 6)],
@@ -133,27 +135,30 @@ def evaluate_rows(model, rows: list[Row], windows: dict[str, torch.Tensor], stre
 
 
 @torch.no_grad()
-def measure_speedups(model, rows: list[Row], window: torch.Tensor, repeats: int = 3) -> float:
-    """Prefill time of one window under every row's plan, the rows interleaved `repeats` times so that load on the
-    machine hits them alike; sets each row's measured speed-up over dense (median over repeats). Returns the dense
-    median in seconds."""
-    import time
+def measure_speedups(model, rows: list[Row], window: torch.Tensor, repeats: int = 3) -> None:
+    """Prefill speed-up of every row's plan over dense on one window, as `calibrate --measure-speed` measures it
+    (bench.matching: the plans interleaved in every repeat, the median of the per-repeat ratios): sets each row's
+    measured speed-up and the range of its per-repeat ratios."""
+    from orthorank.bench.matching import measured_speedups
 
-    plans = [Plan("dense", [], rows[0].plan.model, rows[0].plan.signature)] + [r.plan for r in rows]
-    times: list[list[float]] = [[] for _ in plans]
-    batch = window.view(1, -1).to(input_device(model))
-    for rep in range(repeats + 1):  # the first round warms up
-        for i, plan in enumerate(plans):
-            apply_plan(model, plan)
-            start = time.perf_counter()
-            model(batch, use_cache=False)
-            if rep:
-                times[i].append(time.perf_counter() - start)
-            restore_dense(model)
-    med = [float(np.median(t)) for t in times]
-    for row, m in zip(rows, med[1:]):
-        row.measured_speedup = round(med[0] / m, 4)
-    return med[0]
+    for row, m in zip(rows, measured_speedups(model, [r.plan for r in rows], window, repeats)):
+        row.measured_speedup = m["speedup"]
+        row.measured_range = (min(m["ratios"]), max(m["ratios"]))
+
+
+def frontier_points(rows: list[Row], datasets: list[str]) -> list:
+    """Rows with a speed-up measured in this run as points of the speed/quality frontier (dense at 1x)."""
+    from orthorank.analysis.frontier import FrontierPoint
+
+    points = []
+    for r in rows:
+        if r.method != "dense" and r.measured_speedup is None:
+            continue
+        ppl = {d: (ci.value, ci.low, ci.high) for d in datasets if d in r.nll for ci in [r.interval(d)]}
+        speed = 1.0 if r.method == "dense" else r.measured_speedup
+        points.append(FrontierPoint(r.method, "dense" if r.method == "dense" else f"{r.level:g}", speed,
+                                    r.measured_range, None, ppl))
+    return points
 
 
 @dataclass

@@ -125,7 +125,7 @@ def _hybrid_argv(ctx: StudyContext) -> list[list[str]]:
     cmds.append(["compare", *ctx.common, *ctx.data, "--methods", "dense,sleb,orthorank,hybrid", "--sparsity",
                  ctx.levels(b.levels), "--datasets", ",".join(DOMAINS), "--seq-len", str(b.ppl_seq_len),
                  "--max-windows", str(b.ppl_windows), "--plans-dir", str(ctx.plans_dir), *ctx.store_args(),
-                 "--out", str(ctx.out / "hybrid"), "--overwrite"])
+                 "--measure-speed", str(b.speed_repeats), "--out", str(ctx.out / "hybrid"), "--overwrite"])
     return cmds
 
 
@@ -153,7 +153,8 @@ STAGES: list[Stage] = [
     Stage("speed", "prefill and decode speed with the saved plans",
           _top_level_output("speed", "bench-{level}.json"), _speed_argv,
           done=lambda path: path.is_file() and json.loads(path.read_text()).get("complete") is True),
-    Stage("hybrid", "the hybrid frontier (remove / select / keep per layer under this machine's cost table)",
+    Stage("hybrid", "the hybrid frontier (remove / select / keep per layer under this machine's cost table): "
+          "perplexity against the prefill speed-up measured side by side",
           lambda ctx: ctx.out / "hybrid" / "compare.json", _hybrid_argv, lambda b: b.hybrid),
     Stage("transfer", "the transfer matrix: every method calibrated on several sources, evaluated on every domain",
           transfer_output, transfer_argv, lambda b: b.transfer is not None, transfer_done, finish=render_matrix,
