@@ -377,3 +377,26 @@ def test_decode_step_bytes_count_the_layers_that_run_and_the_cache():
     pruned = decode_step_bytes(model, [1, 2], batch=3, context=10)
     assert pruned["weights"] == 2 * layer + head and pruned["kv_cache"] == 3 * 10 * 2 * kv_row
     assert decode_bound(pruned, 3, 1e9) == pytest.approx(3e9 / pruned["total"])
+
+
+def test_bench_threshold_decode_has_an_ideal_at_the_updated_share(tmp_path):
+    """--policies +decode=threshold adds a row on the same layers; its ideal speed-up is the weights model's at the
+    share of decoded tokens the selection layers updated (counted in an untimed run), so it has a % of ideal."""
+    data = _bench(tmp_path, "--mode", "prefill,decode", "--batch", "1", "--new-tokens", "4",
+                  "--methods", "dense,spread-orthorank", "--policies", "+decode=threshold")
+    prefill, decode = data["runs"]
+    assert [m["method"] for m in prefill["methods"]] == ["dense", "spread-orthorank"]  # the same prefill, once
+    rows = {m["method"]: m for m in decode["methods"]}
+    plain, thr = rows["spread-orthorank"], rows["spread-orthorank [+decode=threshold]"]
+    assert plain["layers"] == thr["layers"] and thr["selection"]["decode"] == "threshold"
+    assert plain["ideal_speedup"] == 1.0 and "decoded_tokens_updated" not in plain
+    u, n, f = thr["decoded_tokens_updated"], len(thr["layers"]), data["f_kv"]
+    assert 0.0 <= u <= 1.0
+    assert thr["ideal_speedup"] == pytest.approx(4 / (4 - n + n * selective_layer_cost(f, u)))
+    assert thr["pct_of_ideal"] > 0
+
+
+def test_bench_policies_need_an_orthorank_row(tmp_path, capsys):
+    assert main(["bench", "--model", "smollm2-135m-shape", "--num-layers", "4", "--methods", "dense,spread-prune",
+                 "--policies", "+decode=threshold"]) == 2
+    assert main(["bench", "--model", "smollm2-135m-shape", "--num-layers", "4", "--policies", "+decode=maybe"]) == 2

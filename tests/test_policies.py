@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import math
 
 import pytest
@@ -180,8 +181,10 @@ def test_policy_variants_parse_and_refuse():
 
     assert parse_variant("orthogonal+recent=64") == {"order": "orthogonal", "keep_recent": 64}
     assert parse_variant("+first=3") == {"keep_first": 3}
+    assert parse_variant("+decode=threshold") == {"decode": "threshold"}
+    assert parse_variant("norm+recent=8+decode=dense") == {"order": "norm", "keep_recent": 8, "decode": "dense"}
     assert parse_variants(" norm, oracle ,norm") == ["norm", "oracle"]
-    for bad in ("nope", "norm+recent", "norm+recent=x", "norm+last=3", "", "+"):
+    for bad in ("nope", "norm+recent", "norm+recent=x", "norm+last=3", "", "+", "+decode=3", "+recent=threshold"):
         with pytest.raises(UserError):
             parse_variants(bad)
 
@@ -329,3 +332,70 @@ def test_policy_choice_is_computed_from_the_intervals(tmp_path):
                  str(tmp_path / "o")]) == 0
     assert "Default: norm" in (tmp_path / "o" / "policy-choice.md").read_text()
     assert main(["--compare", str(tmp_path / "l.json"), "--out", str(tmp_path / "o2")]) == 2  # not a compare result
+
+
+# -- decode policies: continuation scoring and the threshold policy's measured saving -------------------------------
+
+
+def test_continuation_scoring_equals_the_whole_window_for_dense_and_counts_threshold_updates():
+    """Dense: the second half decoded token by token through the cache scores what one forward over the window
+    scores. OrthoRank with dense decoding updates every decoded token; with threshold decoding fewer, and its NLL
+    differs from dense decoding's."""
+    import dataclasses
+
+    import torch.nn.functional as F
+
+    from orthorank.evaluation.continuation import continuation_nll, scored_tokens
+    from orthorank.method.apply import apply_plan, restore_dense
+
+    m = tiny_model(layers=4)
+    torch.manual_seed(0)
+    windows = torch.randint(0, m.config.vocab_size, (3, 20))
+    nll, share = continuation_nll(m, windows)
+    logits = m(windows).logits[:, 9:-1].float()
+    whole = F.cross_entropy(logits.transpose(1, 2), windows[:, 10:], reduction="none").sum(1).double()
+    assert share is None and scored_tokens(20) == 10
+    torch.testing.assert_close(nll, whole, rtol=1e-4, atol=1e-4)
+    plan = Plan("orthorank", [1, 2], "tiny", {}, SelectionConfig(ratio=0.3))
+    out = {}
+    for decode in ("dense", "threshold"):
+        apply_plan(m, dataclasses.replace(plan, selection=dataclasses.replace(plan.selection, decode=decode)))
+        try:
+            out[decode] = continuation_nll(m, windows)
+        finally:
+            restore_dense(m)
+    assert out["dense"][1] == 1.0 and 0.0 <= out["threshold"][1] < 1.0
+    assert not torch.equal(out["dense"][0], out["threshold"][0])
+
+
+@pytest.mark.data
+def test_compare_continuation_rows_per_decode_policy(tiny_hf_folder, tmp_path, monkeypatch, capsys):
+    """compare --continuation --policies +decode=threshold: a row per decode policy on the plan's layers, paired
+    against the plan's own (dense decoding), each with the share of decoded tokens updated; stored and resumed."""
+    from cli_helpers import run_cli
+
+    monkeypatch.chdir(tmp_path)
+    text = tmp_path / "calib.txt"
+    text.write_text("Some calibration text about many different things. " * 200)
+    name = tiny_hf_folder.name
+    assert run_cli(capsys, "calibrate", "--model", tiny_hf_folder, "--method", "orthorank", "--calib-data", text,
+                   "--calib-samples", "4", "--seq-len", "32", "--threads", "1", "--sparsity", "0.25",
+                   "--out-dir", f"plans/{name}", "--no-store")[0] == 0
+    argv = ["compare", "--model", tiny_hf_folder, "--methods", "dense,orthorank", "--sparsity", "0.25",
+            "--datasets", "wikitext2", "--seq-len", "32", "--max-windows", "3", "--store", "store", "--threads", "1",
+            "--continuation", "--policies", "+decode=threshold", "--out", "out", "--overwrite"]
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 0, err
+    assert "Continuation perplexity" in out and "decoded tokens updated" in out
+    result = json.loads((tmp_path / "out" / "compare.json").read_text())
+    assert result["scoring"] == "continuation"
+    rows = {r["method"]: r for r in result["rows"]}
+    own, threshold = rows["orthorank"], rows["orthorank (policy +decode=threshold)"]
+    assert own["wikitext2"]["decoded_tokens_updated"] == 1.0
+    assert 0.0 <= threshold["wikitext2"]["decoded_tokens_updated"] <= 1.0
+    assert own["wikitext2"]["tokens_per_window"] == 16
+    assert ("orthorank (policy +decode=threshold)", "orthorank") in {(c["a"], c["b"]) for c in result["comparisons"]}
+    assert run_cli(capsys, *argv)[0] == 0  # from the store: the same numbers
+    again = {r["method"]: r for r in json.loads((tmp_path / "out" / "compare.json").read_text())["rows"]}
+    assert again["orthorank (policy +decode=threshold)"]["wikitext2"] == threshold["wikitext2"]
+    assert_user_error(capsys, "drop --no-ppl", *argv[:-3], "--no-ppl", "--zeroshot", "--out", "o2")

@@ -85,7 +85,7 @@ def test_study_end_to_end_resumes_and_summarizes(capsys, tiny_long_folder, tmp_p
                                 "--threads", "1")
     assert code == 0, err
     study = json.loads((out / "study.json").read_text())
-    assert study["finished"] == ["sink", "plans", "perplexity", "zeroshot", "longctx", "speed"]
+    assert study["finished"] == ["sink", "plans", "perplexity", "zeroshot", "longctx", "speed", "decode"]
     assert study["skipped"] == ["hybrid", "transfer"]  # not part of the test budget; runs only when named
     groups = {c["group"] for c in study["claims"]}
     assert groups == {"perplexity", "ablation", "zero-shot", "long inputs", "speed"}
@@ -95,11 +95,17 @@ def test_study_end_to_end_resumes_and_summarizes(capsys, tiny_long_folder, tmp_p
     assert (tmp_path / "plans" / tiny_long_folder.name / "orthorank-0.2.json").is_file()
     page = (out / "report.html").read_text()
     assert "Claims of the paper, tested" in page and "<script" not in page and "http" not in page.split("<body>")[1]
-    assert "budget test" in page
+    assert "budget test" in page and "Decode policies: continuation perplexity" in page
+    decode = json.loads((out / "decode" / "compare.json").read_text())
+    assert decode["scoring"] == "continuation" and "orthorank (policy +decode=threshold)" in {
+        r["method"] for r in decode["rows"]}
+    speed = json.loads((out / "speed" / "bench-0.2.json").read_text())
+    decoded = {m["method"]: m for r in speed["runs"] if r["mode"] == "decode" for m in r["methods"]}
+    assert decoded["orthorank [+decode=threshold]"]["ideal_speedup"] is not None
 
     code, stdout, err = run_cli(capsys, "study", "--model", tiny_long_folder, "--budget", "test", "--out", out,
                                 "--threads", "1")
-    assert code == 0 and err.count("done before") == 6, err  # resumed: nothing ran again
+    assert code == 0 and err.count("done before") == 7, err  # resumed: nothing ran again
 
     import browser_check
 

@@ -52,6 +52,7 @@ NUMERIC_MODULES = {
     "zeroshot": _MODEL_MODULES + ("evaluation/zeroshot/scoring.py", "evaluation/zeroshot/convert.py"),
     "longctx": _MODEL_MODULES + ("evaluation/generation.py", "evaluation/longctx.py", "evaluation/longctx_suite.py",
                                  "evaluation/longbench.py"),
+    "continuation": _MODEL_MODULES + ("evaluation/continuation.py",),
     "search": _MODEL_MODULES + ("search/layer_search.py", "search/racing.py"),
     "hybrid-search": _MODEL_MODULES + ("search/layer_search.py", "search/racing.py", "search/hybrid.py",
                                        "bench/cost_table.py"),

@@ -29,6 +29,7 @@ from orthorank.method.plan import Plan, layers_for_sparsity
 from orthorank.method.selection import SelectionConfig
 from orthorank.models.adapters import get_adapter
 from orthorank.models.static_decode import cache_kwarg as _cache_kwarg
+from orthorank.models.static_decode import output_cache as _output_cache
 
 MODES = ("prefill", "decode", "layer")
 
@@ -41,6 +42,7 @@ class MethodSpec:
     source: str = "spread"  # "spread" (evenly spread at the sparsity) or the plan file it came from
     selection: SelectionConfig | None = None
     removed: list[int] = field(default_factory=list)  # hybrid: removed layers (`layers` are its selection layers)
+    decode_only: bool = False  # a variant that differs only in its decode policy: timed in decode mode only
 
     def effective_sparsity(self, num_layers: int) -> float:
         share = len(self.layers) / num_layers
@@ -126,11 +128,6 @@ def spread_hybrid_layers(sparsity: float, num_layers: int, ratio: float, arch: A
             break
     picks = spread_layers(n, len(rest))
     return removed, [rest[j] for j in picks]
-
-
-def _output_cache(out: Any) -> Any:
-    cache = getattr(out, "cache", None)
-    return cache if cache is not None else getattr(out, "past_key_values", None)
 
 
 class LastTokenForward:
@@ -227,6 +224,26 @@ def _workload(model: nn.Module, settings: RunSettings, device: torch.device) -> 
     return decode
 
 
+@torch.no_grad()
+def decoded_update_share(model: nn.Module, spec: MethodSpec, settings: RunSettings, device: torch.device) -> float:
+    """The share of decoded tokens the selection layers updated in the workload's greedy steps (the threshold decode
+    policy skips the rest): one untimed eager run of the same prompt and steps, counting after every step."""
+    from orthorank.evaluation.continuation import UpdateCounter
+
+    spec.apply(model)
+    try:
+        forward = LastTokenForward(model)
+        ids = random_ids(model.config.vocab_size, settings.batch, settings.seq_len, device, settings.seed)
+        logits, cache = forward(ids, use_cache=True)
+        counter = UpdateCounter(model)
+        for _ in range(settings.new_tokens):
+            logits, cache = forward(logits.argmax(-1, keepdim=True), use_cache=True, cache=cache)
+            counter.step(settings.batch)
+        return counter.share if counter.share is not None else 1.0
+    finally:
+        restore_dense(model)
+
+
 def _applied_copy(model: nn.Module, spec: MethodSpec) -> nn.Module:
     import copy
 
@@ -291,6 +308,11 @@ def run_methods(model: nn.Module, specs: list[MethodSpec], settings: RunSettings
         _release(device)
 
     f_kv = kv_fraction(model.config)
+    # threshold decoding: what the selection layers skipped depends on the text, so the ideal is taken at the share
+    # of decoded tokens they actually updated (counted in one more, untimed run)
+    shares = {m.spec.name: decoded_update_share(model, m.spec, settings, device) for m in measured
+              if settings.mode == "decode" and m.spec.kind in ("orthorank", "hybrid")
+              and (m.spec.selection or SelectionConfig()).decode == "threshold"}
     stats = {m.spec.name: summarize(m.times) for m in measured}
     dense_t = next((stats[m.spec.name]["median_s"] for m in measured if m.spec.kind == "dense"), None)
     prune_t = next((stats[m.spec.name]["median_s"] for m in measured if m.spec.kind == "prune"), None)
@@ -309,6 +331,8 @@ def run_methods(model: nn.Module, specs: list[MethodSpec], settings: RunSettings
             shrink = num_layers / (num_layers - len(s.removed))
             ideal = None if sel_ideal is None else shrink * sel_ideal
             ideal_w = None if sel_ideal_w is None else shrink * sel_ideal_w
+        elif s.name in shares:  # a selection layer at the updated share u costs f_kv + (1 - f_kv) u of a dense one
+            ideal = ideal_w = ideal_speedup(s.kind, num_layers, len(s.layers), f_kv, shares[s.name], "prefill")
         else:
             ideal = ideal_speedup(s.kind, num_layers, len(s.layers), f_kv, sel.ratio, settings.mode, sel.decode,
                                   cost)
@@ -359,6 +383,9 @@ def run_methods(model: nn.Module, specs: list[MethodSpec], settings: RunSettings
             row["pct_of_bandwidth_bound"] = 100.0 * row["tokens_per_s"] / bound
             if s.kind in ("orthorank", "hybrid") and sel.decode != "dense":
                 row["bandwidth_bound_note"] = "as if every kept layer ran (bypassed steps read less): a lower bound"
+        if s.name in shares:
+            row["decoded_tokens_updated"] = shares[s.name]
+            row["ideal_note"] = "weights model at the share of decoded tokens the selection layers updated"
         if s.kind in ("orthorank", "hybrid"):
             row["selection"] = sel.to_dict()
             row["ideal_selective_layer_cost"] = cost if cost is not None else selective_layer_cost(f_kv, sel.ratio)

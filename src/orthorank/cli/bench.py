@@ -77,6 +77,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cost-layers", default=None,
                    help="cost table: layers to time (comma-separated or 'all'; default the middle one, since "
                         "layers of one model have the same shape)")
+    p.add_argument("--policies", default=None, metavar="SPECS",
+                   help="add OrthoRank rows on the same layers with other selection or decode policies, timed side "
+                        "by side: comma-separated NAME[+recent=W][+first=W][+decode=MODE], e.g. +decode=threshold")
     add_selection_args(p)
     add_output_args(p)
     p.set_defaults(func=run)
@@ -84,6 +87,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def _check(args) -> None:
     check_sparsity(args.sparsity)
+    if args.policies:
+        from orthorank.method.policies import parse_variants
+
+        parse_variants(args.policies)
     bad = [m for m in args.mode if m not in MODES]
     if bad:
         raise UserError(f"unknown mode {bad[0]!r}; choose from {', '.join(MODES)}")
@@ -142,6 +149,27 @@ def run_cost_table(args) -> int:
     return 0
 
 
+def with_policy_variants(specs: list, text: str) -> list:
+    """Each OrthoRank spec followed by one spec per policy variant on its layers (method/policies.parse_variant),
+    named "<method> [<variant>]"; a variant that changes only the decode policy is marked decode_only (it would
+    time the same prefill twice)."""
+    import dataclasses
+
+    from orthorank.method.policies import parse_variant, parse_variants
+
+    variants = parse_variants(text)
+    if not any(s.kind == "orthorank" for s in specs):
+        raise UserError("--policies varies OrthoRank rows: add orthorank (or spread-orthorank) to --methods")
+    out = []
+    for s in specs:
+        out.append(s)
+        if s.kind == "orthorank":
+            out += [dataclasses.replace(s, name=f"{s.name} [{v}]", decode_only=set(parse_variant(v)) == {"decode"},
+                                        selection=dataclasses.replace(s.selection, **parse_variant(v)))
+                    for v in variants]
+    return out
+
+
 def run(args) -> int:
     if args.cost_table:
         return run_cost_table(args)
@@ -162,6 +190,8 @@ def run(args) -> int:
     selection = selection_from_args(args)
     specs = method_specs(args.methods, lm.num_layers, args.sparsity, selection, plans, model_name=lm.name,
                          arch=Arch.from_config(lm.config, lm.num_layers), seq_len=args.seq_len)
+    if args.policies:
+        specs = with_policy_variants(specs, args.policies)
     cfg = lm.config
     dtype = next(lm.model.parameters()).dtype
     f_kv = kv_fraction(cfg)
@@ -215,7 +245,8 @@ def run(args) -> int:
                     if mode == "layer":
                         record = run_layer(lm.model, selection, settings, lm.device, args.layer_index, args.profile)
                     else:
-                        record = run_methods(lm.model, specs, settings, lm.device)
+                        record = run_methods(lm.model, [s for s in specs if mode == "decode" or not s.decode_only],
+                                             settings, lm.device)
                 except _oom_types() as exc:
                     torch.cuda.empty_cache()
                     if not args.fit_batch or batch == 1:

@@ -62,10 +62,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="levels that get ablation and policy rows (default: all)")
     p.add_argument("--policies", default=None, metavar="SPECS",
                    help="add OrthoRank rows with other selection policies on the same layers and ratio (equal "
-                        "compute): comma-separated NAME[+recent=W][+first=W], e.g. norm,attention,oracle,"
+                        "compute): comma-separated NAME[+recent=W][+first=W][+decode=MODE], e.g. norm,attention,oracle,"
                         "orthogonal+recent=64; with random and oracle, a headroom table")
     p.add_argument("--measure-speed", type=int, default=0, metavar="N",
                    help="also time one prefill window per row, N interleaved repeats, for the measured speed-up")
+    p.add_argument("--continuation", action="store_true",
+                   help="score each window's second half decoded one token at a time through the KV cache after a "
+                        "prefill of its first half, so decode policies count (add rows with --policies "
+                        "+decode=threshold); default: whole windows in one forward, as the paper")
     p.add_argument("--no-ppl", action="store_true", help="skip perplexity (zero-shot only)")
     p.add_argument("--zeroshot", action="store_true", help="add zero-shot accuracy tables (harness tasks)")
     p.add_argument("--tasks", default="piqa,winogrande,hellaswag,arc_easy,arc_challenge")
@@ -188,6 +192,8 @@ def run(args) -> int:
         check_task_files(tasks, resolve_data_dir(args.data_dir))
     elif args.no_ppl:
         raise UserError("--no-ppl leaves nothing to do without --zeroshot")
+    if args.continuation and args.no_ppl:
+        raise UserError("--continuation scores the perplexity windows: drop --no-ppl")
     out = Path(args.out)
     for name in ("compare.json", "compare.md", "compare.png"):
         check_writable(out / name, args.overwrite)
@@ -219,7 +225,8 @@ def run(args) -> int:
         say(f"measured prefill speed-ups of 1 x {args.seq_len} tokens (median of {args.measure_speed} interleaved "
             "repeats): " + ", ".join(f"{r.method}@{r.level:g} {r.measured_speedup:.3f}x" for r in rows
                                      if r.measured_speedup is not None))
-    evaluate_rows(lm.model, rows, windows, streams, store, args.batch_size, progress=True, fingerprint=fp)
+    evaluate_rows(lm.model, rows, windows, streams, store, args.batch_size, progress=True, fingerprint=fp,
+                  continuation=args.continuation)
     zs = None
     if tasks:
         from orthorank.evaluation.zeroshot.scoring import evaluate_zeroshot_rows
@@ -236,7 +243,11 @@ def run(args) -> int:
     if datasets:
         full = {d: make_windows(s, args.seq_len).shape[0] for d, s in streams.items()}
         sliced = [d for d in datasets if windows[d].shape[0] < full[d]]
-        caption = (f"Perplexity (lower is better), {lm.name}, {str(lm.model.dtype).removeprefix('torch.')}, windows "
+        scoring = ("Continuation perplexity: each window's second half decoded one token at a time through the KV "
+                   "cache after a prefill of its first half (teacher forcing; the decode policy applies; \"decoded "
+                   "tokens updated\": the share of decoded tokens the selection layers updated)"
+                   if args.continuation else "Perplexity")
+        caption = (f"{scoring} (lower is better), {lm.name}, {str(lm.model.dtype).removeprefix('torch.')}, windows "
                    f"{n_windows}" + (f" (a slice: the first windows of {', '.join(f'{d} ({full[d]} in all)' for d in sliced)})"
                                      if sliced else " (every window)")
                    + ". 95% bootstrap intervals over windows. Sparsity: nominal = the paper's (n/L)(1-r); compute = "
@@ -260,6 +271,7 @@ def run(args) -> int:
         if any(r.sparsity(arch, args.seq_len).get("measured_at", "this run") != "this run" for r in rows):
             report.append("\n† measured when the plan was made (`calibrate --measure-speed`), not in this run.")
     payload = {"command": "compare", "model": lm.name, "datasets": datasets, "seq_len": args.seq_len,
+               "scoring": "continuation" if args.continuation else "window",
                "windows": {d: int(w.shape[0]) for d, w in windows.items()}, "seed": args.seed,
                "dtype": str(lm.model.dtype), "match": args.match, "world_size": dist.world_size(),
                "arch": dict(arch.__dict__),

@@ -38,6 +38,7 @@ class Row:
     tokens: dict[str, int] = field(default_factory=dict)  # dataset -> predicted tokens per window
     measured_speedup: float | None = None
     measured_range: tuple[float, float] | None = None  # range of the per-repeat ratios behind it
+    updated_share: dict[str, float | None] = field(default_factory=dict)  # continuation: decoded tokens updated
 
     @property
     def family(self) -> str:
@@ -72,6 +73,8 @@ class Row:
             out[d] = {"perplexity": round(ci.value, 6), "ci95": [round(ci.low, 6), round(ci.high, 6)],
                       "windows": int(self.nll[d].size), "tokens_per_window": self.tokens[d],
                       "window_nll": [round(float(v), 6) for v in self.nll[d]]}
+            if d in self.updated_share:
+                out[d]["decoded_tokens_updated"] = self.updated_share[d]
         return out
 
 
@@ -113,23 +116,33 @@ def dataset_stream(tokenizer, dataset: str, text: str, seq_len: int) -> torch.Te
 
 
 def evaluate_rows(model, rows: list[Row], windows: dict[str, torch.Tensor], streams: dict[str, torch.Tensor],
-                  store=None, batch_size: int = 1, progress: bool = True, fingerprint: str | None = None) -> None:
-    """Per-window NLL of every row on every dataset, through the result store when one is given."""
+                  store=None, batch_size: int = 1, progress: bool = True, fingerprint: str | None = None,
+                  continuation: bool = False) -> None:
+    """Per-window NLL of every row on every dataset, through the result store when one is given. continuation:
+    each window's second half decoded one token at a time after a prefill of its first half
+    (evaluation/continuation.py), so decode policies count; the rows record the share of decoded tokens updated."""
+    from orthorank.evaluation.continuation import continuation_key, scored_tokens, stored_continuation
     from orthorank.evaluation.perplexity import perplexity_key, stored_window_nll
     from orthorank.store import model_fingerprint
 
     fp = fingerprint or model_fingerprint(model)
+    key = continuation_key if continuation else perplexity_key
     for row in rows:
         apply_plan(model, row.plan)
         try:
             for name, w in windows.items():
                 ns = None
                 if store is not None:  # keyed by the dense weights' fingerprint and the plan's content
-                    ns = store.namespace("perplexity", perplexity_key(model, row.plan, name, streams[name],
-                                                                      w.shape[1], fp))
+                    ns = store.namespace("perplexity", key(model, row.plan, name, streams[name], w.shape[1], fp))
                 label = row.method if row.method == "dense" else f"{row.method}@{row.level:g}"
-                row.nll[name] = stored_window_nll(model, w, ns, batch_size, progress, desc=f"{label} {name}").numpy()
-                row.tokens[name] = int(w.shape[1] - 1)
+                if continuation:
+                    nll, shares = stored_continuation(model, w, ns, batch_size, progress, desc=f"{label} {name}")
+                    row.updated_share[name] = None if None in shares else float(np.mean(shares))
+                    row.tokens[name] = scored_tokens(int(w.shape[1]))
+                else:
+                    nll = stored_window_nll(model, w, ns, batch_size, progress, desc=f"{label} {name}")
+                    row.tokens[name] = int(w.shape[1] - 1)
+                row.nll[name] = nll.numpy()
         finally:
             restore_dense(model)
 
@@ -312,14 +325,18 @@ def _ci(ci: Interval) -> str:
 
 
 def markdown_table(rows: list[Row], datasets: list[str], arch: Arch, seq_len: int) -> str:
-    head = ["method", "level", "layers", "nominal", "compute", "measured", *[f"{d} ppl [95% CI]" for d in datasets]]
+    decoded = any(r.updated_share for r in rows)  # continuation scoring: what the decode policies skipped
+    head = ["method", "level", "layers", "nominal", "compute", "measured", *[f"{d} ppl [95% CI]" for d in datasets],
+            *(["decoded tokens updated"] if decoded else [])]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for r in rows:
         s = r.sparsity(arch, seq_len)
         measured = (f"{s['measured_speedup']:.3f}x" + ("" if s.get("measured_at") == "this run" else "†")
                     if s["measured_speedup"] else "-")
+        shares = [v for v in r.updated_share.values() if v is not None]
         cells = [r.method, f"{r.level:g}", str(len(r.plan.layers)), f"{s['nominal']:.3f}", f"{s['compute']:.3f}",
-                 measured, *[_ci(r.interval(d)) if d in r.nll else "-" for d in datasets]]
+                 measured, *[_ci(r.interval(d)) if d in r.nll else "-" for d in datasets],
+                 *([f"{np.mean(shares):.3f}" if shares else "-"] if decoded else [])]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -118,12 +118,15 @@ def always_update(valid: torch.Tensor | None, B: int, T: int, keep_recent: int, 
     return out
 
 
-_MODIFIERS = {"recent": "keep_recent", "first": "keep_first"}
+_MODIFIERS = {"recent": "keep_recent", "first": "keep_first", "decode": "decode"}
+_VARIANT_FORM = "NAME[+recent=W][+first=W][+decode=dense|threshold]"
 
 
 def parse_variant(spec: str) -> dict[str, object]:
-    """A policy variant, NAME[+recent=W][+first=W] (e.g. "orthogonal+recent=64", or "+recent=64" for the plan's
-    own policy with the modifier), as SelectionConfig changes."""
+    """A policy variant, NAME[+recent=W][+first=W][+decode=MODE] (e.g. "orthogonal+recent=64", or "+decode=threshold"
+    for the plan's own policy with the threshold decode policy), as SelectionConfig changes."""
+    from orthorank.method.selection import DECODE_MODES
+
     name, *mods = spec.strip().split("+")
     change: dict[str, object] = {}
     if name:
@@ -131,10 +134,11 @@ def parse_variant(spec: str) -> dict[str, object]:
         change["order"] = name
     for mod in mods:
         key, _, value = mod.partition("=")
-        if key not in _MODIFIERS or not value.isdigit():
-            raise UserError(f"cannot read the policy variant {spec!r}: write NAME[+recent=W][+first=W], e.g. "
+        ok = value in DECODE_MODES if key == "decode" else value.isdigit()
+        if key not in _MODIFIERS or not ok:
+            raise UserError(f"cannot read the policy variant {spec!r}: write {_VARIANT_FORM}, e.g. "
                             "orthogonal+recent=64 (policies: " + ", ".join(POLICIES) + ")")
-        change[_MODIFIERS[key]] = int(value)
+        change[_MODIFIERS[key]] = value if key == "decode" else int(value)
     if not change:
         raise UserError(f"the policy variant {spec!r} names no policy or modifier")
     return change

@@ -36,6 +36,12 @@ def cache_kwarg(module: nn.Module) -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
+def output_cache(out: Any) -> Any:
+    """The cache a forward returned, under either release's name."""
+    cache = getattr(out, "cache", None)
+    return cache if cache is not None else getattr(out, "past_key_values", None)
+
+
 def warn_once(message: str) -> None:
     if message not in _WARNED:
         _WARNED.add(message)

@@ -30,6 +30,7 @@ class Budget:
     decode_tokens: int = 32  # timed decode steps
     calibration: tuple[str, ...] = ()  # extra `calibrate` flags for plans searched here (default: its defaults)
     transfer: TransferBudget | None = None  # the transfer stage (run only when asked for: hours per model)
+    decode_policies: bool = True  # the decode stage: continuation perplexity under each decode policy
 
     def caption(self) -> str:
         return (f"budget {self.name}: perplexity on the first {self.ppl_windows} windows of {self.ppl_seq_len} tokens "
@@ -42,7 +43,8 @@ class Budget:
 
 
 BUDGETS: dict[str, Budget] = {
-    "quick": Budget("quick", (0.1, 0.2), (0.2,), 4, 256, 10, "512", 2, 3, 512, 2, False, decode_tokens=8),
+    "quick": Budget("quick", (0.1, 0.2), (0.2,), 4, 256, 10, "512", 2, 3, 512, 2, False, decode_tokens=8,
+                    decode_policies=False),
     "standard": Budget("standard", (0.1, 0.2), (0.2,), 16, 512, 100, "1k", 6, 5, 1024, 4, True,
                        transfer=TransferBudget(ISSUE_SETTINGS, 32, 512, (0.1, 0.2))),
     "full": Budget("full", (0.1, 0.2), (0.1, 0.2), 128, 2048, 1000, "1k,2k,4k", 50, 9, 2048, 8, True,

@@ -21,6 +21,7 @@ from orthorank.study.transfer import after_command, render_matrix, transfer_argv
 
 SEARCHED = ("sleb", "shortgpt", "shortened-ppl", "orthorank")  # every method's plan, at every budget level
 DOMAINS = ("wikitext2", "c4", "code", "news")
+THRESHOLD = "+decode=threshold"  # the plan's own policy with the threshold decode policy: one more OrthoRank row
 ZEROSHOT_TASKS = ("piqa", "winogrande", "hellaswag", "arc_easy", "arc_challenge")
 
 
@@ -106,9 +107,18 @@ def _speed_argv(ctx: StudyContext) -> list[list[str]]:
     b = ctx.budget
     return [["bench", *ctx.common, "--methods", "dense," + ",".join(SEARCHED), "--sparsity", sparsity_label(level),
              "--mode", "prefill,decode", "--seq-len", str(b.speed_seq_len), "--repeats", str(b.speed_repeats),
-             "--new-tokens", str(b.decode_tokens),
+             "--new-tokens", str(b.decode_tokens), "--policies", THRESHOLD,
              "--json", str(ctx.out / "speed" / f"bench-{sparsity_label(level)}.json"), "--overwrite"]
             for level in b.claim_levels]
+
+
+def _decode_argv(ctx: StudyContext) -> list[list[str]]:
+    b = ctx.budget
+    return [["compare", *ctx.common, *ctx.data, "--methods", "dense,sleb,orthorank", "--sparsity",
+             ctx.levels(b.claim_levels), "--datasets", "wikitext2,c4", "--seq-len", str(b.ppl_seq_len),
+             "--max-windows", str(b.ppl_windows), "--batch-size", str(min(8, b.ppl_windows)), "--continuation",
+             "--policies", THRESHOLD, "--plans-dir", str(ctx.plans_dir), *ctx.store_args(),
+             "--out", str(ctx.out / "decode"), "--overwrite"]]
 
 
 def _hybrid_argv(ctx: StudyContext) -> list[list[str]]:
@@ -153,6 +163,8 @@ STAGES: list[Stage] = [
     Stage("speed", "prefill and decode speed with the saved plans",
           _top_level_output("speed", "bench-{level}.json"), _speed_argv,
           done=lambda path: path.is_file() and json.loads(path.read_text()).get("complete") is True),
+    Stage("decode", "decode policies: each window's second half decoded through the KV cache (dense and threshold "
+          "decoding)", lambda ctx: ctx.out / "decode" / "compare.json", _decode_argv, lambda b: b.decode_policies),
     Stage("hybrid", "the hybrid frontier (remove / select / keep per layer under this machine's cost table): "
           "perplexity against the prefill speed-up measured side by side",
           lambda ctx: ctx.out / "hybrid" / "compare.json", _hybrid_argv, lambda b: b.hybrid),
