@@ -12,6 +12,15 @@ def _f(value: Any, spec: str, missing: str = "-") -> str:
     return missing if value is None else format(value, spec)
 
 
+def _attention_lines(run: dict[str, Any], ms: dict[str, float]) -> list[str]:
+    a = run.get("attention_alone")
+    if not a:
+        return []
+    return [f"  attention alone: causal (dense) {ms['attention_causal']:.2f} ms ({100 * a['causal_share_of_dense_layer']:.0f}% "
+            f"of the dense layer); selected queries ({a['query_fraction']:.3f} of them): masked "
+            f"{a['masked_fraction_of_causal']:.3f} of causal, prefix/diagonal split {a['split_fraction_of_causal']:.3f}"]
+
+
 def format_run(run: dict[str, Any]) -> str:
     """A plain-text table of one run record."""
     if run["mode"] == "layer":
@@ -28,6 +37,7 @@ def format_run(run: dict[str, Any]) -> str:
             f"  scoring          {ms['scoring']:9.2f} ms ({100 * run['scoring_fraction_of_dense']:.2f}% of dense)",
             f"  scoring + top-K  {ms['scoring_and_topk']:9.2f} ms "
             f"({100 * run['selection_fraction_of_dense']:.2f}% of dense)",
+            *_attention_lines(run, ms),
         ])
     lines = [f"  {'method':<10} {'layers':>6} {'median ms':>11} {'spread':>7} {'tokens/s':>11} {'speed-up':>8} "
              f"{'best':>6} {'vs rm':>6} {'ideal':>6} {'% ideal':>7} {'peak mem':>10}"]
@@ -84,17 +94,22 @@ def markdown_table(records: list[dict[str, Any]]) -> str:
                        if m.get("bandwidth_bound_tokens_per_s") else "- |"))
     layer_rows = [(rec, run) for rec in records for run in rec["runs"] if run["mode"] == "layer"]
     if layer_rows:
-        out += ["", "| model | device | dtype | batch x tokens | dense layer ms | selective layer ms | cost fraction "
-                "| ideal | % of ideal | cost with one query chunk | scoring + top-K (% of dense layer) |",
-                "|---|---|---|---|---|---|---|---|---|---|---|"]
+        out += ["", "| model | device | dtype | batch x tokens | layer | dense layer ms | selective layer ms | "
+                "cost fraction | ideal | % of ideal | cost with one query chunk | scoring + top-K (% of dense layer) "
+                "| attention share of dense layer | selected queries' attention / causal: masked (in use) | "
+                "split (prefix + diagonal) |",
+                "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for rec, run in layer_rows:
             t = run["timing"]
+            a = run.get("attention_alone") or {}
             out.append(
                 f"| {rec['model']} | {_device(rec)} | {rec['dtype']} | {run['batch']} x {run['seq_len']} | "
+                f"{run.get('layer_index', '-')}{' (' + run['layer_type'] + ')' if run.get('layer_type') else ''} | "
                 f"{t['dense_layer']['median_s'] * 1e3:.1f} | {t['selective_layer']['median_s'] * 1e3:.1f} | "
                 f"{run['selective_cost_fraction']:.3f} | {run['ideal_selective_cost_fraction']:.3f} | "
                 f"{run['pct_of_ideal']:.1f} | {_f(run.get('unchunked_attention_cost_fraction'), '.3f')} | "
-                f"{100 * run['selection_fraction_of_dense']:.2f} |")
+                f"{100 * run['selection_fraction_of_dense']:.2f} | {_f(a.get('causal_share_of_dense_layer'), '.2f')} "
+                f"| {_f(a.get('masked_fraction_of_causal'), '.3f')} | {_f(a.get('split_fraction_of_causal'), '.3f')} |")
     return "\n".join(out)
 
 

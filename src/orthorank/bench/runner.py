@@ -471,7 +471,11 @@ def run_layer(model: nn.Module, selection: SelectionConfig, settings: RunSetting
                 return keep_to_indices(wrapper._select(h, x, 0))
         unchunked = SelectiveLayer(layer, adapter, selection, SequenceContext(), idx)
         unchunked.max_attention_chunks = 1
+        types = getattr(cfg, "layer_types", None)
+        sliding = isinstance(types, list) and "sliding" in str(types[idx])  # a window: not the causal comparison
+        attention = {} if sliding else _attention_alone(cfg, select(), T, wrapper, dtype, device, settings.seed)
         fns = {
+            **attention,
             "dense_layer": lambda: layer(h, **kwargs),
             "selective_layer": lambda: wrapper(h, **kwargs),
             "selective_layer_unchunked": lambda: unchunked(h, **kwargs),
@@ -505,6 +509,7 @@ def run_layer(model: nn.Module, selection: SelectionConfig, settings: RunSetting
         "batch": B,
         "seq_len": T,
         "layer_index": idx,
+        **({"layer_type": cfg.layer_types[idx]} if isinstance(getattr(cfg, "layer_types", None), list) else {}),
         "warmup": settings.warmup,
         "repeats": settings.repeats,
         "kept_tokens_per_row": keep_count(T, selection.ratio),
@@ -519,9 +524,51 @@ def run_layer(model: nn.Module, selection: SelectionConfig, settings: RunSetting
         "unchunked_attention_cost_fraction": stats["selective_layer_unchunked"]["median_s"] / dense,
         "attention_chunks": len(_chunks(keep_count(T, selection.ratio), T, wrapper.max_attention_chunks,
                                         wrapper.min_chunk_keys)),
+        # the attention of the selected queries alone, against the dense layer's causal kernel on the same keys
+        **({"attention_alone": {
+            "masked_fraction_of_causal": stats["attention_masked"]["median_s"] / stats["attention_causal"]["median_s"],
+            "split_fraction_of_causal": stats["attention_split"]["median_s"] / stats["attention_causal"]["median_s"],
+            "query_fraction": keep_count(T, selection.ratio) / T,
+            "causal_share_of_dense_layer": stats["attention_causal"]["median_s"] / dense,
+            "note": "masked: method/attention.py (used by selection layers); split: method/attention_split.py "
+                    "(prefix unmasked + diagonal masked, merged by log-sum-exp; measured here, not yet used)"}}
+           if "attention_split" in stats else {}),
         "scores_bmm_out_dtype": _bmm_flag(),
         "profile": prof,
     }
+
+
+def _attention_alone(cfg, selected, T: int, wrapper, dtype: torch.dtype, device: torch.device,
+                     seed: int) -> dict[str, Callable[[], Any]]:
+    """The attention of one layer alone on random q/k/v of its shapes (no padding, keys from position 0): the dense
+    causal kernel over every query, the masked SDPA over the selected queries as selection layers run it, and the
+    prefix/diagonal split (method/attention_split.py) where this torch has its kernel. Empty when a layer shape has
+    no separate K/V heads (nothing to time)."""
+    from orthorank.method import attention_split
+    from orthorank.method.attention import _chunks, _sdpa
+    from orthorank.method.cost import Arch
+
+    if selected is None or device.type != "cpu":
+        return {}
+    arch = Arch.from_config(cfg, 1)
+    H, Hkv, hd = arch.heads, arch.kv_heads, arch.head_dim
+    idx = selected[0]  # [B, K] positions, in order
+    B, K = idx.shape
+    gen = torch.Generator().manual_seed(seed + 1)
+    q_all, k, v = (torch.randn(B, n, T, hd, generator=gen).to(device=device, dtype=dtype) for n in (H, Hkv, Hkv))
+    q_sel = torch.gather(q_all, 2, idx[:, None, :, None].expand(B, H, K, hd))
+    q_rows = q_sel.transpose(1, 2)  # [B, K, H, d] as selection layers hand it over
+    scale = hd ** -0.5
+    chunks = _chunks(K, T, wrapper.max_attention_chunks, wrapper.min_chunk_keys)
+    fns = {
+        "attention_causal": lambda: torch.nn.functional.scaled_dot_product_attention(
+            q_all, k, v, is_causal=True, scale=scale, enable_gqa=H > Hkv),
+        "attention_masked": lambda: _sdpa(q_rows, idx, k, v, scale, 0, None, None, None, wrapper.max_attention_chunks,
+                                          wrapper.min_chunk_keys),
+    }
+    if attention_split.available():
+        fns["attention_split"] = lambda: attention_split.split_attention(q_sel, idx, k, v, scale, chunks)
+    return fns
 
 
 def _bmm_flag() -> bool | None:

@@ -51,7 +51,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="prefill, decode, layer, or a comma-separated list (default prefill)")
     p.add_argument("--batch", type=lambda t: _list(positive_int, t), default=[1],
                    help="batch size, or a comma-separated list (default 1)")
-    p.add_argument("--seq-len", type=positive_int, default=1024, help="tokens per row (default 1024)")
+    p.add_argument("--seq-len", type=lambda t: _list(positive_int, t), default=[1024],
+                   help="tokens per row, or a comma-separated list (default 1024)")
     p.add_argument("--decode-batch", type=lambda t: _list(positive_int, t), default=None,
                    help="decode mode's batch sizes, if other than --batch")
     p.add_argument("--prompt-len", type=positive_int, default=None,
@@ -124,8 +125,8 @@ def run_cost_table(args) -> int:
     from orthorank.method.plan import parse_layers
 
     ratios = parse_ratios(args.ratios if args.ratios is not None else list(DEFAULT_RATIOS))
-    if len(args.batch) != 1:
-        raise UserError("--cost-table takes one --batch")
+    if len(args.batch) != 1 or len(args.seq_len) != 1:
+        raise UserError("--cost-table takes one --batch and one --seq-len")
     if args.warmup < 0:
         raise UserError("--warmup must be 0 or more")
     if args.json_out:
@@ -138,10 +139,10 @@ def run_cost_table(args) -> int:
                   else parse_layers(args.cost_layers, lm.num_layers))
     selection = selection_from_args(args)
     print(f"cost table for {lm.name} ({lm.num_layers} layers, {next(lm.model.parameters()).dtype}, {lm.device}, "
-          f"{torch.get_num_threads()} thread(s)): batch {args.batch[0]} x {args.seq_len}, ratios "
+          f"{torch.get_num_threads()} thread(s)): batch {args.batch[0]} x {args.seq_len[0]}, ratios "
           f"{', '.join(f'{r:g}' for r in ratios)}, {args.warmup} warm-up + {args.repeats} timed rounds")
     table = measure_cost_table(lm.model, lm.name, lm.signature(), lm.device, ratios, batch=args.batch[0],
-                               seq_len=args.seq_len, warmup=args.warmup, repeats=args.repeats, layers=layers,
+                               seq_len=args.seq_len[0], warmup=args.warmup, repeats=args.repeats, layers=layers,
                                selection=selection, seed=args.seed)
     path = table.save(args.cost_table, overwrite=args.overwrite, device=lm.device)
     print(format_cost_table(table))
@@ -178,7 +179,7 @@ def run(args) -> int:
     plans = [(path, Plan.load(path)) for path in args.plan]
     lm = load_from_args(args)
     if not args.fit_batch:  # with --fit-batch an out-of-memory batch is halved and retried instead
-        check_memory(lm, max(args.batch), args.seq_len, "bench")
+        check_memory(lm, max(args.batch), max(args.seq_len), "bench")
     for path, plan in plans:
         plan.check_model(lm.name, lm.signature())
         if plan.method == "dense":
@@ -188,17 +189,21 @@ def run(args) -> int:
                             "(predict a hybrid plan's speed-up from `bench --cost-table`, or time it with "
                             "`compare --measure-speed`)")
     selection = selection_from_args(args)
-    specs = method_specs(args.methods, lm.num_layers, args.sparsity, selection, plans, model_name=lm.name,
-                         arch=Arch.from_config(lm.config, lm.num_layers), seq_len=args.seq_len)
-    if args.policies:
-        specs = with_policy_variants(specs, args.policies)
+    def specs_at(T: int) -> list:  # spread-orthorank matches compute at the length it runs at
+        specs = method_specs(args.methods, lm.num_layers, args.sparsity, selection, plans, model_name=lm.name,
+                             arch=Arch.from_config(lm.config, lm.num_layers), seq_len=T)
+        return with_policy_variants(specs, args.policies) if args.policies else specs
+
+    specs_by_len = {T: specs_at(T) for T in args.seq_len}
+    specs = specs_by_len[args.seq_len[0]]
     cfg = lm.config
     dtype = next(lm.model.parameters()).dtype
     f_kv = kv_fraction(cfg)
     print(f"model {lm.name}: {lm.num_layers} layers, hidden {cfg.hidden_size}, "
           f"{cfg.num_attention_heads}/{getattr(cfg, 'num_key_value_heads', None)} heads, {dtype}, {lm.device}; "
           f"f_kv {f_kv:.3f}, ideal selective layer cost {selective_layer_cost(f_kv, selection.ratio):.3f} by "
-          f"weights, {flop_layer_cost(cfg, args.seq_len, selection.ratio):.3f} by FLOPs at {args.seq_len} tokens")
+          f"weights, " + ", ".join(f"{flop_layer_cost(cfg, T, selection.ratio):.3f} by FLOPs at {T} tokens"
+                                   for T in args.seq_len))
     for s in specs:
         print(f"  {s.name}: {s.kind}, {len(s.layers)} layers {s.layers} ({s.source})")
 
@@ -224,14 +229,15 @@ def run(args) -> int:
             "selection": selection.to_dict(),
             "f_kv": f_kv,
             "ideal_selective_layer_cost": selective_layer_cost(f_kv, selection.ratio),  # weights only
-            "ideal_selective_layer_cost_flops": flop_layer_cost(cfg, args.seq_len, selection.ratio),
+            "ideal_selective_layer_cost_flops": {str(T): flop_layer_cost(cfg, T, selection.ratio)
+                                                 for T in args.seq_len},
             "seed": args.seed,
             "runs": runs,
         }
 
-    for mode in args.mode:
+    for mode, T in [(m, T) for m in args.mode for T in args.seq_len]:
         batches = args.decode_batch if mode == "decode" and args.decode_batch else args.batch
-        seq_len = (args.prompt_len or args.seq_len) if mode == "decode" else args.seq_len
+        seq_len = (args.prompt_len or T) if mode == "decode" else T
         impls = args.decode_impl if mode == "decode" else ["eager"]
         for requested, impl in [(b, i) for i in impls for b in batches]:
             batch = requested
@@ -245,8 +251,8 @@ def run(args) -> int:
                     if mode == "layer":
                         record = run_layer(lm.model, selection, settings, lm.device, args.layer_index, args.profile)
                     else:
-                        record = run_methods(lm.model, [s for s in specs if mode == "decode" or not s.decode_only],
-                                             settings, lm.device)
+                        record = run_methods(lm.model, [s for s in specs_by_len[T] if mode == "decode"
+                                                        or not s.decode_only], settings, lm.device)
                 except _oom_types() as exc:
                     torch.cuda.empty_cache()
                     if not args.fit_batch or batch == 1:
