@@ -400,3 +400,35 @@ def test_bench_policies_need_an_orthorank_row(tmp_path, capsys):
     assert main(["bench", "--model", "smollm2-135m-shape", "--num-layers", "4", "--methods", "dense,spread-prune",
                  "--policies", "+decode=threshold"]) == 2
     assert main(["bench", "--model", "smollm2-135m-shape", "--num-layers", "4", "--policies", "+decode=maybe"]) == 2
+
+
+@pytest.mark.parametrize("B,H,Hkv,S,K,chunks", [(1, 9, 3, 700, 240, 4), (2, 4, 4, 300, 100, 3), (1, 8, 2, 2048, 600, 32),
+                                                (1, 4, 1, 64, 64, 2)])
+def test_split_attention_equals_the_masked_kernel(B, H, Hkv, S, K, chunks):
+    """The prefix (unmasked) + diagonal (masked) split, merged by log-sum-exp, gives the masked SDPA's output for
+    selected queries at their positions, grouped-query heads included; every query seeing only itself (K = S) too."""
+    from orthorank.method import attention_split
+    from orthorank.method.attention import _sdpa
+
+    if not attention_split.available():
+        pytest.skip("this torch has no CPU flash kernel returning the log-sum-exp")
+    gen = torch.Generator().manual_seed(S + K)
+    q = torch.randn(B, K, H, 16, generator=gen)
+    k, v = torch.randn(B, Hkv, S, 16, generator=gen), torch.randn(B, Hkv, S, 16, generator=gen)
+    pos = torch.stack([torch.sort(torch.randperm(S, generator=gen)[:K]).values for _ in range(B)])
+    pos[:, 0] = 0  # the sink
+    ref = _sdpa(q, pos, k, v, 0.25, 0, None, None, None, chunks, 8)
+    got = attention_split.split_attention(q.transpose(1, 2), pos, k, v, 0.25, _chunks(K, S, chunks, 8))
+    torch.testing.assert_close(got.transpose(1, 2).reshape(B, K, H * 16), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_bench_takes_several_lengths_and_times_attention_alone(tmp_path):
+    data = _bench(tmp_path, "--mode", "layer,prefill", "--seq-len", "24,40", "--methods", "dense,spread-orthorank")
+    runs = [(r["mode"], r["seq_len"]) for r in data["runs"]]
+    assert runs == [("layer", 24), ("layer", 40), ("prefill", 24), ("prefill", 40)]
+    assert set(data["ideal_selective_layer_cost_flops"]) == {"24", "40"}
+    layer = data["runs"][0]["attention_alone"]
+    assert layer["masked_fraction_of_causal"] > 0 and 0.3 < layer["query_fraction"] < 0.4
+    from orthorank.method import attention_split
+
+    assert (layer["split_fraction_of_causal"] > 0) == attention_split.available()

@@ -34,6 +34,19 @@ def test_guard_refuses_with_what_fits():
         check_fits(model, 1, 4096, what="ppl", loss=True, available=need)
 
 
+def test_guard_counts_only_the_logits_a_forward_computes():
+    """bench's prefill computes the last position's logits: a length the all-positions estimate refuses (the
+    262k-vocabulary logits of a long Gemma prompt) is let through when only the last position's count."""
+    model = tiny_model(layers=2)
+    last = check_fits(model, 1, 4096, what="bench", available=1 << 40, all_logits=False)
+    everywhere = check_fits(model, 1, 4096, what="bench", available=1 << 40)
+    assert everywhere > last
+    between = int((last + everywhere) / 2 / 0.9)  # the guard keeps 10% headroom
+    assert check_fits(model, 1, 4096, what="bench", available=between, all_logits=False) == last
+    with pytest.raises(UserError, match="bench: batch 1 x 4096 tokens"):
+        check_fits(model, 1, 4096, what="bench", available=between)
+
+
 def test_peak_meter_sees_an_allocation_after_start():
     """In a fresh process, as a command uses it (in a long-lived one, memory freed earlier and kept by the
     allocator can be reused without raising the resident set)."""

@@ -188,13 +188,15 @@ def available_bytes(device) -> int | None:
 
 
 def check_fits(model, batch: int, tokens: int, *, what: str, loss: bool = False, new_tokens: int = 0,
-               device=None, available: int | None = None) -> int:
+               device=None, available: int | None = None, all_logits: bool | None = None) -> int:
     """Stop with a one-line error when a forward of batch x tokens (plus new_tokens generated with a cache) would
     not fit in the memory available, naming the largest batch and the longest prompt that fit. Returns the
-    estimate in bytes."""
+    estimate in bytes. all_logits: whether the forward computes logits at every position (default: unless it
+    generates; bench's prefill computes the last position's only)."""
     shape = Shape.of(model)
     cache = tokens + new_tokens if new_tokens else 0
-    need = estimate_bytes(shape, batch, tokens, loss=loss, cache_tokens=cache, all_logits=not new_tokens)
+    all_logits = not new_tokens if all_logits is None else all_logits
+    need = estimate_bytes(shape, batch, tokens, loss=loss, cache_tokens=cache, all_logits=all_logits)
     free = available if available is not None else limit_bytes(device)
     if free is None or need <= HEADROOM * free:
         return need
@@ -202,7 +204,7 @@ def check_fits(model, batch: int, tokens: int, *, what: str, loss: bool = False,
 
     def fits(b: int, t: int) -> bool:
         return estimate_bytes(shape, b, t, loss=loss, cache_tokens=(t + new_tokens) if new_tokens else 0,
-                              all_logits=not new_tokens) <= budget
+                              all_logits=all_logits) <= budget
 
     best_batch = max((b for b in range(1, batch) if fits(b, tokens)), default=0)
     lo, hi = 0, tokens  # the longest prompt at batch 1

@@ -92,9 +92,12 @@ def markdown_table(records: list[dict[str, Any]]) -> str:
                     f"{_f(m['ideal_speedup'], '.3f')} | {_f(m['pct_of_ideal'], '.1f')} | "
                     + (f"{m['bandwidth_bound_tokens_per_s']:.0f} ({m['pct_of_bandwidth_bound']:.0f}% reached) |"
                        if m.get("bandwidth_bound_tokens_per_s") else "- |"))
+    if len(out) == 2:  # layer runs only: no throughput table
+        out = []
     layer_rows = [(rec, run) for rec in records for run in rec["runs"] if run["mode"] == "layer"]
     if layer_rows:
-        out += ["", "| model | device | dtype | batch x tokens | layer | dense layer ms | selective layer ms | "
+        out += [""] if out else []
+        out += ["| model | device | dtype | batch x tokens | layer | dense layer ms | selective layer ms | "
                 "cost fraction | ideal | % of ideal | cost with one query chunk | scoring + top-K (% of dense layer) "
                 "| attention share of dense layer | selected queries' attention / causal: masked (in use) | "
                 "split (prefix + diagonal) |",

@@ -133,11 +133,12 @@ def load_from_args(args) -> LoadedModel:
 
 
 def check_memory(lm: LoadedModel, batch: int, tokens: int, what: str, *, loss: bool = False,
-                 new_tokens: int = 0) -> None:
+                 new_tokens: int = 0, all_logits: bool | None = None) -> None:
     """Stop before a run whose batch x tokens would not fit in the memory available (bench/memory.py)."""
     from orthorank.bench.memory import check_fits
 
-    check_fits(lm.model, batch, tokens, what=what, loss=loss, new_tokens=new_tokens, device=lm.device)
+    check_fits(lm.model, batch, tokens, what=what, loss=loss, new_tokens=new_tokens, device=lm.device,
+               all_logits=all_logits)
 
 
 def _saved_plan(args, lm: LoadedModel, path) -> Plan:
