@@ -37,7 +37,7 @@ def test_guard_refuses_with_what_fits():
 def test_guard_counts_only_the_logits_a_forward_computes():
     """bench's prefill computes the last position's logits: a length the all-positions estimate refuses (the
     262k-vocabulary logits of a long Gemma prompt) is let through when only the last position's count."""
-    model = tiny_model(layers=2)
+    model = tiny_model(layers=2, vocab_size=50000)  # logits large enough to be the peak
     last = check_fits(model, 1, 4096, what="bench", available=1 << 40, all_logits=False)
     everywhere = check_fits(model, 1, 4096, what="bench", available=1 << 40)
     assert everywhere > last
