@@ -135,6 +135,25 @@ def test_worst_domain_ratio_is_the_max_with_an_interval_of_the_max():
     assert interval.low <= interval.value <= interval.high and interval.low > 1.0
 
 
+def test_worst_ratio_scores_are_paired_across_candidates_that_share_windows():
+    from orthorank.evaluation.stats import draw_ratio, worst_ratio_scores
+
+    rng = np.random.default_rng(1)
+    tok = 100
+    ref = [rng.normal(300, 30, 20), rng.normal(400, 30, 25)]  # windows of very different difficulty
+    good = [[(r + 20 + rng.normal(0, 1, r.size), r, tok) for r in ref]]
+    bad = [[(a + 2, r, tok) for a, r, _ in good[0]]]  # the same rows, a little worse on every window
+    points, draws = worst_ratio_scores({"good": good, "bad": bad, "same": good})
+    worst_good, _ = worst_ratio(good[0])
+    assert math.isclose(points["good"], worst_good.value) and points["bad"] > points["good"]
+    vs = draw_ratio(points["good"] / points["bad"], draws["good"], draws["bad"], 20)
+    assert vs.high < 1  # paired: the windows' spread cancels, a small uniform gap is resolved
+    same = draw_ratio(1.0, draws["good"], draws["same"], 20)
+    assert same.low == same.high == 1.0
+    with pytest.raises(ValueError, match="other windows"):
+        worst_ratio_scores({"a": good, "b": [[(ref[0][:5], ref[0][:5], tok), good[0][1]]]})
+
+
 @pytest.mark.data
 def test_calibrate_on_domains_with_exact_matching_and_compare_every_domain(tiny_hf_folder, tmp_path, monkeypatch,
                                                                            capsys):
@@ -166,6 +185,19 @@ def test_calibrate_on_domains_with_exact_matching_and_compare_every_domain(tiny_
     assert set(worst) == {"shortgpt", "orthorank"} and len(worst["orthorank"]["datasets"]) == 4
     assert "Worst-domain ratio" in out and result["dataset_provenance"]["code"]["files"]
     assert {o["dataset"] for o in result["calibration_overlap"]} == {"wikitext2", "c4", "code", "news"}
+    # a later slice, disjoint from the first: for checking a choice made on the first windows
+    code, out, err = run_cli(capsys, "compare", "--model", tiny_hf_folder, "--methods", "dense,sleb",
+                             "--sparsity", "0.25", "--datasets", "wikitext2,c4", "--seq-len", "64",
+                             "--max-windows", "3", "--skip-windows", "3", "--out", "later", "--store", "store")
+    assert code == 0, err
+    later = json.loads((tmp_path / "later" / "compare.json").read_text())
+    assert later["skip_windows"] == 3 and "after the first 3" in out
+    first = {r["method"]: r for r in result["rows"]}["dense"]["wikitext2"]["window_nll"]
+    again = {r["method"]: r for r in later["rows"]}["dense"]["wikitext2"]["window_nll"]
+    assert len(again) == 3 and all(a != b for a, b in zip(first, again))
+    assert_user_error(capsys, "nothing is left after --skip-windows", "compare", "--model", tiny_hf_folder,
+                      "--methods", "dense", "--datasets", "c4", "--seq-len", "64", "--skip-windows", "100000",
+                      "--out", "none", "--store", "store")
 
 
 @pytest.mark.data

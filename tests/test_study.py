@@ -148,6 +148,11 @@ def test_transfer_stage_fits_every_method_per_source_and_renders_the_matrix(caps
     code_cells = [c for c in matrix["cells"] if c["calibration"] == "code-128"]
     assert all(c["in_domain_geomean"] == pytest.approx(c["ratios"]["code"]["ratio"]) for c in code_cells)
     assert (out / "transfer" / "transfer-0.2.png").is_file()
+    choice = matrix["default_calibration"]  # computed from the intervals, never typed
+    assert choice["chosen"] in ("c4-128", "code-128") and choice["runner_up"] != choice["chosen"]
+    assert choice["scores"][choice["chosen"]] <= choice["scores"][choice["runner_up"]]
+    assert choice["separated"] == (choice["vs_runner_up"]["high"] < 1)
+    assert "Default calibration" in (out / "transfer" / "transfer.md").read_text()
     plan = json.loads((tmp_path / "plans" / tiny_long_folder.name / "transfer" / "code-128" / "sleb-0.2.json")
                       .read_text())
     assert plan["provenance"]["calibration"]["data"] == "code" and plan["provenance"]["calibration"]["tokens"] == 128

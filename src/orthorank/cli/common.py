@@ -37,6 +37,16 @@ def positive_int(text: str) -> int:
     return value
 
 
+def non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
+
+
 def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=EMBEDDED_MODEL,
                    help=f"{EMBEDDED_MODEL} (embedded default), gemma3-270m, a .gguf file, an installed model package, "

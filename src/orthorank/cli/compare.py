@@ -12,7 +12,7 @@ from pathlib import Path
 from orthorank import distributed as dist
 from orthorank.cli.calibration_options import parse_sparsities
 from orthorank.cli.common import (
-    add_model_args, add_store_args, check_memory, load_from_args, positive_int, store_from_args,
+    add_model_args, add_store_args, check_memory, load_from_args, non_negative_int, positive_int, store_from_args,
 )
 from orthorank.errors import UserError, comma_items
 from orthorank.evaluation.compare import (
@@ -48,6 +48,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--data-dir", default=None)
     p.add_argument("--seq-len", type=positive_int, default=2048)
     p.add_argument("--max-windows", type=positive_int, default=None, help="bound the windows per dataset")
+    p.add_argument("--skip-windows", type=non_negative_int, default=0,
+                   help="start after this many windows of each dataset: a slice disjoint from one evaluated before "
+                        "(for checking a choice made on the first windows)")
     p.add_argument("--batch-size", type=positive_int, default=1)
     p.add_argument("--plans-dir", default=None,
                    help="folder of <method>-<sparsity>.json plans (default: plans/<model>/ here or in the repository)")
@@ -208,6 +211,12 @@ def run(args) -> int:
     store = store_from_args(args)
     arch = Arch.from_config(lm.config, lm.num_layers)
     streams = {d: dataset_stream(lm.tokenizer, d, p.text, args.seq_len) for d, p in parts.items()}
+    if args.skip_windows:
+        for d, s in streams.items():
+            if s.numel() < (args.skip_windows + 1) * args.seq_len:
+                raise UserError(f"{d} has {s.numel() // args.seq_len} windows of {args.seq_len} tokens: nothing "
+                                f"is left after --skip-windows {args.skip_windows}")
+        streams = {d: s[args.skip_windows * args.seq_len:] for d, s in streams.items()}
     windows = {d: make_windows(s, args.seq_len, args.max_windows) for d, s in streams.items()}
     check_context(lm.model, args.seq_len)
     check_memory(lm, args.batch_size, args.seq_len, "compare", loss=True)
@@ -241,14 +250,15 @@ def run(args) -> int:
     comps = comparisons(rows)
     report = []
     if datasets:
-        full = {d: make_windows(s, args.seq_len).shape[0] for d, s in streams.items()}
+        skip = args.skip_windows
+        full = {d: skip + make_windows(s, args.seq_len).shape[0] for d, s in streams.items()}
         sliced = [d for d in datasets if windows[d].shape[0] < full[d]]
         scoring = ("Continuation perplexity: each window's second half decoded one token at a time through the KV "
                    "cache after a prefill of its first half (teacher forcing; the decode policy applies; \"decoded "
                    "tokens updated\": the share of decoded tokens the selection layers updated)"
                    if args.continuation else "Perplexity")
         caption = (f"{scoring} (lower is better), {lm.name}, {str(lm.model.dtype).removeprefix('torch.')}, windows "
-                   f"{n_windows}" + (f" (a slice: the first windows of {', '.join(f'{d} ({full[d]} in all)' for d in sliced)})"
+                   f"{n_windows}" + (f" (a slice: {f'the windows after the first {skip} of' if skip else 'the first windows of'} {', '.join(f'{d} ({full[d]} in all)' for d in sliced)})"
                                      if sliced else " (every window)")
                    + ". 95% bootstrap intervals over windows. Sparsity: nominal = the paper's (n/L)(1-r); compute = "
                    f"share of the model's FLOPs skipped at {args.seq_len} tokens; measured = prefill speed-up.")
@@ -272,7 +282,8 @@ def run(args) -> int:
             report.append("\n† measured when the plan was made (`calibrate --measure-speed`), not in this run.")
     payload = {"command": "compare", "model": lm.name, "datasets": datasets, "seq_len": args.seq_len,
                "scoring": "continuation" if args.continuation else "window",
-               "windows": {d: int(w.shape[0]) for d, w in windows.items()}, "seed": args.seed,
+               "windows": {d: int(w.shape[0]) for d, w in windows.items()}, "skip_windows": args.skip_windows,
+               "seed": args.seed,
                "dtype": str(lm.model.dtype), "match": args.match, "world_size": dist.world_size(),
                "arch": dict(arch.__dict__),
                "rows": [r.to_dict(arch, args.seq_len) for r in rows], "comparisons": [c.to_dict() for c in comps],

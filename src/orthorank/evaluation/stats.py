@@ -168,3 +168,45 @@ def headroom_share(nll_rule, nll_random, nll_oracle, tokens, *, iters: int = DEF
     if draws.size == 0 or math.isnan(value):
         return Interval(value, math.nan, math.nan, level, r.size)
     return _interval(value, draws, level, r.size)
+
+
+def worst_ratio_scores(candidates: dict[str, list[list[tuple]]], *, iters: int = DEFAULT_ITERS,
+                       seed: int = 0) -> tuple[dict[str, float], dict[str, np.ndarray]]:
+    """Score candidates that are judged on the same windows: per candidate, the geometric mean over its groups of
+    each group's worst-domain ratio (largest ppl(a) / ppl(reference) over domains), with bootstrap draws.
+
+    candidates: {name: [group: [(nll_a, nll_ref, tokens) per domain, in the same domain order for every group and
+    candidate]]}. Every draw resamples each domain's windows once and applies the same indices to every group of
+    every candidate (they share the windows), so the draws of two candidates are paired: the ratio of their draws
+    is the bootstrap distribution of the ratio of their scores. Returns (points, draws[iters])."""
+    names = list(candidates)
+    if not names or not all(candidates[n] for n in names):
+        raise ValueError("every candidate needs at least one group")
+    first = candidates[names[0]][0]
+    idx = [resample_indices(np.asarray(a).size, iters, seed + k) for k, (a, _, _) in enumerate(first)]
+    points, draws = {}, {}
+    for name in names:
+        logs, log_draws = [], []
+        for group in candidates[name]:
+            if len(group) != len(idx):
+                raise ValueError(f"{name}: {len(group)} domains, expected {len(idx)}")
+            values, per_domain = [], []
+            for (a, b, tokens), ix in zip(group, idx):
+                a = np.asarray(a, dtype=np.float64)
+                b = np.asarray(b, dtype=np.float64)
+                tok = np.broadcast_to(np.asarray(tokens, dtype=np.float64), a.shape)
+                if a.shape != b.shape or a.size != ix.shape[1]:
+                    raise ValueError(f"{name}: scored on other windows ({a.shape} vs {b.shape}, {ix.shape[1]})")
+                values.append((a.sum() - b.sum()) / tok.sum())
+                per_domain.append((a[ix].sum(1) - b[ix].sum(1)) / tok[ix].sum(1))
+            logs.append(max(values))
+            log_draws.append(np.max(np.stack(per_domain), axis=0))
+        points[name] = math.exp(float(np.mean(logs)))
+        draws[name] = np.exp(np.mean(np.stack(log_draws), axis=0))
+    return points, draws
+
+
+def draw_ratio(value: float, draws_a: np.ndarray, draws_b: np.ndarray, n: int,
+               level: float = DEFAULT_LEVEL) -> Interval:
+    """The interval of a ratio of two paired bootstrap quantities from their draws."""
+    return _interval(value, draws_a / draws_b, level, n)

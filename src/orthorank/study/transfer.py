@@ -184,8 +184,11 @@ def render_matrix(ctx: StudyContext) -> dict:
         lines.append("")
     lines += ["In-domain: the evaluation domains the calibration text comes from (mix: all four, so it has no "
               "out-of-domain column). Means are geometric means of the point ratios; the gap is out / in (above 1 = "
-              "the method's advantage over SLEB shrinks off its calibration domain)."]
+              "the method's advantage over SLEB shrinks off its calibration domain).", ""]
+    choice = choose_calibration(out, done, [m for m in METHODS if m != "hybrid"], t.levels)
+    lines += render_choice(choice)
     result = {"model": ctx.model_name, "settings": meta, "cells": summary, "windows": t.windows,
+              "default_calibration": choice,
               "seq_len": t.seq_len, "domains": list(DOMAINS), "levels": list(t.levels),
               "complete": all(any(k[0] == m and k[2] == s.name for k in cells)
                               for s in t.settings for m in expected)}  # rendered after every evaluation
@@ -194,6 +197,87 @@ def render_matrix(ctx: StudyContext) -> dict:
     _heatmaps(ctx.model_name, cells, done, methods, t.levels, out)
     atomic_write_text(out / "transfer.json", json.dumps(result, indent=1) + "\n")
     return result
+
+
+def _window_nll(path: Path) -> dict[tuple[str, float], dict]:
+    data = json.loads(path.read_text())
+    return {(r["method"], r["level"]): r for r in data["rows"]}
+
+
+def choose_calibration(out: Path, done: list[TransferSetting], methods: list[str], levels) -> dict | None:
+    """The default calibration setting: the one whose plans lose the least on the domain each hurts most.
+
+    Per method and level, the worst-domain ratio against the dense model (largest paired perplexity ratio over the
+    evaluation domains, same windows for every setting); a setting's score is the geometric mean of these over every
+    searched method and level, because `calibrate --calib-data` is one default for every method. The ratio against
+    SLEB (the matrix above) cannot choose: it is relative to SLEB's own plan on the same text, which improves or
+    degrades with the setting too. Only settings where every method has been evaluated take part. The chosen
+    setting's score over the runner-up's has a paired bootstrap interval (every setting shares the windows)."""
+    from orthorank.evaluation.stats import draw_ratio, worst_ratio, worst_ratio_scores
+
+    rows = {s.name: _window_nll(out / s.name / "compare.json") for s in done}
+    complete = [s.name for s in done if all((m, lv) in rows[s.name] for m in methods for lv in levels)]
+    if len(complete) < 2:
+        return None
+    dense = rows[complete[0]][("dense", 0.0)] if ("dense", 0.0) in rows[complete[0]] else None
+    if dense is None:
+        return None
+    for name in complete[1:]:  # one set of windows for every setting, else nothing here is paired
+        other = rows[name].get(("dense", 0.0))
+        if other is None or any(abs(x - y) > 1e-3 * abs(y) for d in DOMAINS
+                                for x, y in zip(other[d]["window_nll"], dense[d]["window_nll"])):
+            raise ValueError(f"transfer setting {name} was evaluated on other windows than {complete[0]}")
+
+    def group(row: dict) -> list[tuple]:
+        return [(row[d]["window_nll"], dense[d]["window_nll"], row[d]["tokens_per_window"]) for d in DOMAINS]
+
+    candidates = {name: [group(rows[name][(m, lv)]) for m in methods for lv in levels] for name in complete}
+    points, draws = worst_ratio_scores(candidates)
+    n = min(len(dense[d]["window_nll"]) for d in DOMAINS)
+    ranked = sorted(complete, key=points.get)
+    best, second = ranked[0], ranked[1]
+    vs = draw_ratio(points[best] / points[second], draws[best], draws[second], n)
+    cells = {}
+    for name in complete:
+        for m in methods:
+            for lv in levels:
+                iv, k = worst_ratio(group(rows[name][(m, lv)]))
+                cells[f"{m}@{lv:g}|{name}"] = {"worst_dataset": DOMAINS[k], **iv.to_dict()}
+    per_method = {m: min(complete, key=lambda name: sum(math.log(cells[f"{m}@{lv:g}|{name}"]["value"])
+                                                         for lv in levels)) for m in methods}
+    return {"chosen": best, "runner_up": second, "scores": {k: round(points[k], 6) for k in ranked},
+            "vs_runner_up": vs.to_dict(), "separated": vs.excludes(1.0), "settings": complete,
+            "methods": methods, "levels": list(levels), "worst_vs_dense": cells, "best_per_method": per_method}
+
+
+def render_choice(choice: dict | None) -> list[str]:
+    if choice is None:
+        return ["## Default calibration", "", "Not chosen yet: it needs at least two settings with every method "
+                "evaluated.", ""]
+    methods, levels = choice["methods"], choice["levels"]
+    head = [f"{m}@{lv:g}" for m in methods for lv in levels]
+    lines = ["## Default calibration, by the worst domain", "",
+             "Worst-domain ratio against the dense model (the largest paired perplexity ratio over "
+             f"{', '.join(DOMAINS)}, with the domain and the interval of that maximum); score = geometric mean over "
+             "the row. Lower is better. The default is the setting with the lowest score, among the settings where "
+             "every method has been evaluated.", "",
+             "| calibration | " + " | ".join(head) + " | score |", "|---" * (len(head) + 2) + "|"]
+    for name in sorted(choice["settings"], key=choice["scores"].get):
+        vals = []
+        for h in head:
+            c = choice["worst_vs_dense"][f"{h}|{name}"]
+            vals.append(f"{c['worst_dataset']} {c['value']:.3f} [{c['low']:.3f}, {c['high']:.3f}]")
+        lines.append(f"| {name} | " + " | ".join(vals) + f" | {choice['scores'][name]:.3f} |")
+    vs = choice["vs_runner_up"]
+    verdict = ("its interval excludes 1: the choice is supported by this slice" if choice["separated"] else
+               "its interval includes 1: on this slice the two cannot be told apart, the choice rests on the "
+               "point estimate")
+    per = ", ".join(f"{m} {s}" for m, s in choice["best_per_method"].items())
+    lines += ["", f"Chosen: **{choice['chosen']}**; its score over the runner-up {choice['runner_up']}'s: "
+              f"{vs['value']:.3f} [{vs['low']:.3f}, {vs['high']:.3f}] ({verdict}). Best setting per method alone: "
+              f"{per}. The choice is made on the evaluation slice above; the claims that follow from it are "
+              "checked on windows the choice did not see.", ""]
+    return lines
 
 
 def transfer_done(path: Path) -> bool:
