@@ -182,10 +182,12 @@ def test_study_bad_input(capsys, tmp_path):
     assert_user_error(capsys, "is a file, not a folder", "study", "--model", "llama-tiny", "--out", f)
 
 
-def test_transfer_stage_runs_cheap_settings_first_and_the_hybrid_searches_last(tmp_path):
+def test_transfer_stage_runs_cheap_settings_first_and_the_hybrid_search_last_on_the_chosen_setting(tmp_path,
+                                                                                                  monkeypatch):
+    from orthorank.study import transfer
     from orthorank.study.budgets import get_budget
     from orthorank.study.stages import StudyContext
-    from orthorank.study.transfer import transfer_argv
+    from orthorank.study.transfer import TransferSetting, transfer_argv
 
     from pathlib import Path
 
@@ -195,20 +197,25 @@ def test_transfer_stage_runs_cheap_settings_first_and_the_hybrid_searches_last(t
     for method in ("sleb", "shortgpt", "shortened-ppl", "orthorank"):
         for level in ("0.1", "0.2"):
             (done / f"{method}-{level}.json").write_text("{}")
-    argv = transfer_argv(ctx)
 
     def setting(cmd: list[str]) -> str:
         return Path(cmd[cmd.index("--out-dir" if cmd[0] == "calibrate" else "--out") + 1]).name
 
+    argv = list(transfer_argv(ctx))  # nothing evaluated: no choice yet, so no hybrid search
     calibrations = [(setting(c), c[c.index("--method") + 1]) for c in argv if c[0] == "calibrate"]
     greedy = [s for s, m in calibrations if m != "hybrid"]
-    hybrid = [s for s, m in calibrations if m == "hybrid"]
     assert "c4-8k" not in greedy and greedy[0] == "c4-2k" and greedy[-1] == "c4-32k"
-    assert hybrid == ["c4-2k", "c4-8k", "mix-8k", "code-8k", "wikitext2-8k", "c4-32k"]
-    assert calibrations.index(("c4-2k", "hybrid")) > calibrations.index(("c4-32k", "orthorank"))
-    table = next(i for i, c in enumerate(argv) if c[0] == "bench")  # the cost table, measured once, before them
+    assert all(m != "hybrid" for _, m in calibrations) and len([c for c in argv if c[0] == "compare"]) == 6
+
+    monkeypatch.setattr(transfer, "chosen_setting", lambda ctx: TransferSetting("mix", 8192))
+    argv = list(transfer_argv(ctx))
+    calibrations = [(setting(c), c[c.index("--method") + 1]) for c in argv if c[0] == "calibrate"]
+    assert [s for s, m in calibrations if m == "hybrid"] == ["mix-8k"]  # the dearest search: the default only
+    assert calibrations[-1] == ("mix-8k", "hybrid")
+    table = next(i for i, c in enumerate(argv) if c[0] == "bench")  # the cost table, measured once, before it
     assert all(i > table for i, c in enumerate(argv) if c[0] == "calibrate" and "hybrid" in c)
     compares = [c for c in argv if c[0] == "compare"]
-    assert len(compares) == 12  # every setting evaluated after its greedy plans, and again with its hybrid rows
+    assert len(compares) == 7  # every setting after its greedy plans, and the chosen one again with its hybrid rows
     first, last = compares[0], compares[-1]
     assert "hybrid" not in first[first.index("--methods") + 1] and "hybrid" in last[last.index("--methods") + 1]
+    assert setting(last) == "mix-8k"

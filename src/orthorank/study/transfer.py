@@ -15,7 +15,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterator
 
 from orthorank.method.plan_store import sparsity_label
 
@@ -74,48 +74,56 @@ def _have(folder: Path, method: str, levels) -> bool:
     return all((folder / f"{method}-{sparsity_label(s)}.json").is_file() for s in levels)
 
 
-def transfer_argv(ctx: StudyContext) -> list[list[str]]:
-    """Two passes, each from the cheapest setting to the dearest (fewest calibration tokens first): first the
-    greedy and one-shot searches of every setting with its evaluation, then the hybrid plans (the dearest search by
-    far) and the evaluation again with their rows. So the matrix that chooses the default calibration fills first,
-    and an evaluation already in the store costs only its reading."""
+def transfer_argv(ctx: StudyContext) -> Iterator[list[str]]:
+    """The greedy and one-shot searches of every setting, each setting evaluated after them, from the cheapest
+    setting to the dearest (fewest calibration tokens first), so the matrix that chooses the default calibration
+    fills first; then the hybrid search (the dearest by far: 2.1 h on 2K tokens of SmolLM2-135M on 2 cores) on the
+    chosen default setting only, and that setting's evaluation again with its rows. The commands are yielded one
+    at a time because the hybrid's setting is known only once the greedy pass has been evaluated; an evaluation
+    already in the store costs only its reading."""
     from orthorank.study.stages import hybrid_cost_table_argv
 
     b, t = ctx.budget, ctx.budget.transfer
     table = ctx.out / "hybrid" / "cost-table.json"
     order = sorted(t.settings, key=lambda s: s.tokens)
     searched = [m for m in METHODS if m != "hybrid"]
-    cmds: list[list[str]] = []
 
-    def calibrate(setting: TransferSetting, method: str) -> None:
+    def calibrate(setting: TransferSetting, method: str) -> list[str]:
         extra = ["--cost-table", str(table)] if method == "hybrid" else []
-        cmds.append(["calibrate", *ctx.common, *ctx.data, "--method", method, *extra, "--sparsity",
-                     ctx.levels(b.levels), *setting.calibrate_flags(t.calib_seq_len), "--cost-seq-len",
-                     str(t.seq_len), *t.calibrate_extra, "--out-dir", str(setting_plans(ctx, setting)),
-                     *ctx.store_args()])
+        return ["calibrate", *ctx.common, *ctx.data, "--method", method, *extra, "--sparsity",
+                ctx.levels(b.levels), *setting.calibrate_flags(t.calib_seq_len), "--cost-seq-len",
+                str(t.seq_len), *t.calibrate_extra, "--out-dir", str(setting_plans(ctx, setting)),
+                *ctx.store_args()]
 
-    def compare(setting: TransferSetting, methods: list[str]) -> None:
-        cmds.append(["compare", *ctx.common, *ctx.data, "--methods", ",".join(["dense", *methods]), "--sparsity",
-                     ctx.levels(t.levels), "--datasets", ",".join(DOMAINS), "--seq-len", str(t.seq_len),
-                     "--max-windows", str(t.windows), "--plans-dir", str(setting_plans(ctx, setting)),
-                     *ctx.store_args(), "--out", str(ctx.out / "transfer" / setting.name), "--overwrite"])
+    def compare(setting: TransferSetting, methods: list[str]) -> list[str]:
+        return ["compare", *ctx.common, *ctx.data, "--methods", ",".join(["dense", *methods]), "--sparsity",
+                ctx.levels(t.levels), "--datasets", ",".join(DOMAINS), "--seq-len", str(t.seq_len),
+                "--max-windows", str(t.windows), "--plans-dir", str(setting_plans(ctx, setting)),
+                *ctx.store_args(), "--out", str(ctx.out / "transfer" / setting.name), "--overwrite"]
 
-    hybrid_left = []
     for setting in order:
         plans = setting_plans(ctx, setting)
         for method in searched:
             if not _have(plans, method, b.levels):
-                calibrate(setting, method)
-        have_hybrid = b.hybrid and _have(plans, "hybrid", b.levels)
-        compare(setting, searched + (["hybrid"] if have_hybrid else []))
-        if b.hybrid and not have_hybrid:
-            hybrid_left.append(setting)
-    if hybrid_left and not table.is_file():
-        cmds.append(hybrid_cost_table_argv(ctx, table))
-    for setting in hybrid_left:
-        calibrate(setting, "hybrid")
-        compare(setting, [*searched, "hybrid"])
-    return cmds
+                yield calibrate(setting, method)
+        yield compare(setting, searched + (["hybrid"] if b.hybrid and _have(plans, "hybrid", b.levels) else []))
+    chosen = chosen_setting(ctx) if b.hybrid else None
+    if chosen is not None and not _have(setting_plans(ctx, chosen), "hybrid", b.levels):
+        if not table.is_file():
+            yield hybrid_cost_table_argv(ctx, table)
+        yield calibrate(chosen, "hybrid")
+        yield compare(chosen, [*searched, "hybrid"])
+
+
+def chosen_setting(ctx: StudyContext) -> TransferSetting | None:
+    """The default calibration the evaluated matrix chooses (None until two settings have every method)."""
+    t = ctx.budget.transfer
+    out = ctx.out / "transfer"
+    done = [s for s in t.settings if (out / s.name / "compare.json").is_file()]
+    if len(done) < len(t.settings):  # the whole matrix chooses, never an early leader
+        return None
+    choice = choose_calibration(out, done, [m for m in METHODS if m != "hybrid"], t.levels)
+    return next((s for s in t.settings if choice and s.name == choice["chosen"]), None)
 
 
 def transfer_output(ctx: StudyContext) -> Path:
@@ -154,7 +162,8 @@ def render_matrix(ctx: StudyContext) -> dict:
             worst[(w["method"], w["level"], setting.name)] = w
     done = [s for s in t.settings if s.name in meta]
     methods = [m for m in METHODS if m != "sleb"]
-    expected = [m for m in methods if m != "hybrid" or ctx.budget.hybrid]  # complete when each has its rows
+    greedy = [m for m in methods if m != "hybrid"]
+    choice = choose_calibration(out, done, ["sleb", *greedy], t.levels)
     lines = [f"# Transfer matrix: {ctx.model_name}, paired perplexity ratio against SLEB calibrated on the same "
              "source", "",
              f"{t.caption()}; 95% paired bootstrap intervals over windows; ** = the interval excludes 1. Below 1 = "
@@ -185,13 +194,15 @@ def render_matrix(ctx: StudyContext) -> dict:
     lines += ["In-domain: the evaluation domains the calibration text comes from (mix: all four, so it has no "
               "out-of-domain column). Means are geometric means of the point ratios; the gap is out / in (above 1 = "
               "the method's advantage over SLEB shrinks off its calibration domain).", ""]
-    choice = choose_calibration(out, done, [m for m in METHODS if m != "hybrid"], t.levels)
     lines += render_choice(choice)
     result = {"model": ctx.model_name, "settings": meta, "cells": summary, "windows": t.windows,
               "default_calibration": choice,
               "seq_len": t.seq_len, "domains": list(DOMAINS), "levels": list(t.levels),
-              "complete": all(any(k[0] == m and k[2] == s.name for k in cells)
-                              for s in t.settings for m in expected)}  # rendered after every evaluation
+              # complete: every method on every setting, and the hybrid rows on the chosen one (its search runs
+              # only there); rendered after every evaluation
+              "complete": all(any(k[0] == m and k[2] == s.name for k in cells) for s in t.settings for m in greedy)
+              and (not ctx.budget.hybrid or (choice is not None and any(
+                  k[0] == "hybrid" and k[2] == choice["chosen"] for k in cells)))}
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "transfer.md", "\n".join(lines) + "\n")
     _heatmaps(ctx.model_name, cells, done, methods, t.levels, out)
