@@ -182,6 +182,26 @@ def test_padded_batch_generation_equals_single_prompts(tiny_lm):
     restore_dense(tiny_lm.model)
 
 
+def test_compiled_generation_equals_eager(tiny_lm, capsys):
+    from orthorank.evaluation.generation import generate_rows
+    from orthorank.method.apply import apply_orthorank, restore_dense
+    from orthorank.method.selection import SelectionConfig
+    from orthorank.models.static_decode import compile_available
+
+    rows = [tiny_lm.tokenizer("A long prompt about the sink and the tokens around it").input_ids,
+            tiny_lm.tokenizer("Short one").input_ids]
+    for setup in ("dense", "orthorank"):
+        restore_dense(tiny_lm.model)
+        if setup != "dense":
+            apply_orthorank(tiny_lm.model, [1, 2], SelectionConfig(ratio=0.4))
+        eager, timing = generate_rows(tiny_lm, rows, 6)
+        compiled, ctiming = generate_rows(tiny_lm, rows, 6, compile=True)
+        assert compiled == eager and timing["decode_impl"] == "eager"
+        expected = "eager" if compile_available(next(tiny_lm.model.parameters()).device) else "compile"
+        assert ctiming["decode_impl"] == expected
+    restore_dense(tiny_lm.model)
+
+
 def test_generate_cli_bad_input(capsys, tmp_path, tiny_hf_folder):
     m = ["--model", str(tiny_hf_folder)]
     assert_user_error(capsys, "prompt is empty", "generate", *m, "--prompt", "  ")
@@ -189,6 +209,8 @@ def test_generate_cli_bad_input(capsys, tmp_path, tiny_hf_folder):
     code, out, err = run_cli(capsys, "generate", *m, "--prompt", "Hello there", "--max-new-tokens", "4")
     assert code == 0 and "time to first token" in err
     assert "memory-bandwidth bound" in err or "n/a (one new token)" in err  # the bound beside the decode figure
+    code, out, err = run_cli(capsys, "generate", *m, "--prompt", "Hello there", "--max-new-tokens", "4", "--compile")
+    assert code == 0 and ("compile)" in err or "decoding eagerly" in err)
 
 
 def test_longctx_cli_bad_input(capsys, tiny_hf_folder, tmp_path):

@@ -35,6 +35,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-new-tokens", type=positive_int, default=64)
     p.add_argument("--batch-size", type=positive_int, default=8, help="prompts per batch for --file (default 8)")
     p.add_argument("--chat", action="store_true", help="apply the tokenizer's chat template to each prompt")
+    p.add_argument("--compile", action="store_true",
+                   help="compile the decode step with torch.compile (static cache; the first tokens pay the "
+                        "compilation); eager with one warning line where compile cannot run")
     add_output_args(p)
     p.set_defaults(func=run)
 
@@ -85,7 +88,9 @@ def run(args) -> int:
         for i in range(0, len(rows), args.batch_size):
             batch = rows[i: i + args.batch_size]
             echo = len(rows) == 1
-            new, timing = generate_rows(lm, batch, args.max_new_tokens, echo=echo)
+            if args.compile:  # compile outside the timed run: same batch, same cache length, two new tokens
+                generate_rows(lm, batch, 2, compile=True, cache_len=max(map(len, batch)) + args.max_new_tokens)
+            new, timing = generate_rows(lm, batch, args.max_new_tokens, echo=echo, compile=args.compile)
             timings.append(timing)
             for j, toks in enumerate(new):
                 text = lm.tokenizer.decode(toks, skip_special_tokens=True)
@@ -100,7 +105,8 @@ def run(args) -> int:
     speed = f"{sum(speeds) / len(speeds):.1f} tokens/s" if speeds else "n/a (one new token)"
     if bounds:
         speed += f" (memory-bandwidth bound {sum(bounds) / len(bounds):.1f} tokens/s)"
-    print(f"\n{plan.method} ({len(plan.layers)} layers, decode {plan.selection.decode if plan.selection else '-'}): "
+    print(f"\n{plan.method} ({len(plan.layers)} layers, decode {plan.selection.decode if plan.selection else '-'}, "
+          f"{timings[0]['decode_impl']}): "
           f"time to first token {ttft:.3f}s (mean over {len(timings)} batch(es)), decode {speed}",
           file=sys.stderr)
     if args.json_out:

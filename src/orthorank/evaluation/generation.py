@@ -49,20 +49,42 @@ def left_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Te
 
 
 @torch.no_grad()
+def compile_kwargs(device: torch.device, compile: bool) -> dict:
+    """transformers' generate compiles its decode step only on accelerators by default; `compile` asks for it on
+    every device (its CPU backend needs a C++ compiler: without one, one warning line and eager decoding), and
+    without it the step stays eager everywhere, so a measured speed says which path it timed."""
+    if not compile:
+        return {"disable_compile": True}
+    from orthorank.models.static_decode import compile_available, warn_once
+
+    why = compile_available(device)
+    if why is not None:
+        warn_once(f"{why}; decoding eagerly")
+        return {"disable_compile": True}
+    from transformers import CompileConfig
+
+    config = CompileConfig(fullgraph=False, dynamic=False)  # selection layers may graph-break (threshold decode)
+    config._compile_all_devices = True
+    return {"compile_config": config}
+
+
 def generate_rows(lm, rows: list[list[int]], max_new_tokens: int, echo: bool = False,
-                  stop_ids: list[int] | None = None) -> tuple[list[list[int]], dict]:
-    """Greedy generation of one batch (left-padded); returns the new tokens per row and the timings."""
+                  stop_ids: list[int] | None = None, compile: bool = False,
+                  cache_len: int | None = None) -> tuple[list[list[int]], dict]:
+    """Greedy generation of one batch (left-padded); returns the new tokens per row and the timings. `compile`:
+    the decode step compiled (see compile_kwargs); greedy outputs equal the eager path's. `cache_len`: the static
+    cache's length (default prompt + new tokens); a warm-up run with the timed run's length compiles the same graph."""
     tok = lm.tokenizer
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     ids, mask = left_pad(rows, pad)
     device = input_device(lm.model)
     # A static cache allocated before the prefill: the memory guard's estimate is then what the process takes
     # (models/static_decode.py), and decode steps write in place instead of concatenating the cache.
-    cache = allocated_static_cache(lm.model, len(rows), ids.shape[1] + max_new_tokens)
+    cache = allocated_static_cache(lm.model, len(rows), max(cache_len or 0, ids.shape[1] + max_new_tokens))
     timer = Timer(tok, echo)
     out = lm.model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), max_new_tokens=max_new_tokens,
                             do_sample=False, pad_token_id=pad, streamer=timer, past_key_values=cache,
-                            eos_token_id=stop_ids or tok.eos_token_id)
+                            eos_token_id=stop_ids or tok.eos_token_id, **compile_kwargs(device, compile))
     del cache
     end = time.perf_counter()
     new = out[:, ids.shape[1]:].tolist()
@@ -72,6 +94,7 @@ def generate_rows(lm, rows: list[list[int]], max_new_tokens: int, echo: bool = F
     ttft = (timer.first or end) - timer.start
     decode_s = (timer.last or end) - (timer.first or end)
     timing = {"batch": len(rows), "prompt_tokens": int(mask.sum()), "new_tokens_per_row": n_new,
+              "decode_impl": "compile" if "compile_config" in compile_kwargs(device, compile) else "eager",
               "time_to_first_token_s": ttft,
               "decode_tokens_per_s": (len(rows) * (n_new - 1) / decode_s) if n_new > 1 and decode_s > 0 else None}
     if timing["decode_tokens_per_s"] is not None:
