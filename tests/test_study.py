@@ -165,6 +165,17 @@ def test_transfer_stage_fits_every_method_per_source_and_renders_the_matrix(caps
     from orthorank.study.stages import StudyContext
     from orthorank.study.transfer import render_matrix, transfer_done
 
+    from orthorank.study.transfer import transfer_argv
+
+    ctx = StudyContext(str(tiny_long_folder), tiny_long_folder.name, out, get_budget("test"), [], [], None,
+                       tmp_path / "plans")
+    assert list(transfer_argv(ctx)) == []  # finished evaluations are not run again (the store may have moved on)
+    plan_file = tmp_path / "plans" / tiny_long_folder.name / "transfer" / "code-128" / "sleb-0.2.json"
+    plan = json.loads(plan_file.read_text())
+    plan["layers"] = plan["layers"][:-1]
+    plan_file.write_text(json.dumps(plan))  # a changed plan is evaluated again, and only its setting
+    again = list(transfer_argv(ctx))
+    assert [c[0] for c in again] == ["compare"] and again[0][again[0].index("--out") + 1].endswith("code-128")
     (out / "transfer" / "code-128" / "compare.json").unlink()  # as after the first setting's evaluation
     ctx = StudyContext(str(tiny_long_folder), tiny_long_folder.name, out, get_budget("test"), [], [], None,
                        tmp_path / "plans")

@@ -106,13 +106,42 @@ def transfer_argv(ctx: StudyContext) -> Iterator[list[str]]:
         for method in searched:
             if not _have(plans, method, b.levels):
                 yield calibrate(setting, method)
-        yield compare(setting, searched + (["hybrid"] if b.hybrid and _have(plans, "hybrid", b.levels) else []))
+        methods = searched + (["hybrid"] if b.hybrid and _have(plans, "hybrid", b.levels) else [])
+        if not evaluated(ctx, setting, methods):
+            yield compare(setting, methods)
     chosen = chosen_setting(ctx) if b.hybrid else None
-    if chosen is not None and not _have(setting_plans(ctx, chosen), "hybrid", b.levels):
-        if not table.is_file():
-            yield hybrid_cost_table_argv(ctx, table)
-        yield calibrate(chosen, "hybrid")
+    if chosen is not None and not evaluated(ctx, chosen, [*searched, "hybrid"]):
+        if not _have(setting_plans(ctx, chosen), "hybrid", b.levels):
+            if not table.is_file():
+                yield hybrid_cost_table_argv(ctx, table)
+            yield calibrate(chosen, "hybrid")
         yield compare(chosen, [*searched, "hybrid"])
+
+
+def evaluated(ctx: StudyContext, setting: TransferSetting, methods: list[str]) -> bool:
+    """True when the setting's compare.json already holds these methods' current plans (same content hashes) on the
+    budget's windows: its evaluation is not run again. Without this a resumed stage re-runs every finished
+    evaluation, which reads the result store only while the model code is unchanged; a finished evaluation stays
+    valid across changes that keep the model's outputs (the exactness tests guard those)."""
+    from orthorank.method.plan import Plan
+
+    t = ctx.budget.transfer
+    path = ctx.out / "transfer" / setting.name / "compare.json"
+    if not path.is_file():
+        return False
+    data = json.loads(path.read_text())
+    if (data.get("seq_len") != t.seq_len or data.get("skip_windows", 0) or data.get("scoring", "window") != "window"
+            or sorted(data.get("windows", {})) != sorted(DOMAINS)
+            or any(n != t.windows for n in data["windows"].values())):
+        return False
+    have = {Plan.from_dict(p).content_hash() for p in data.get("plans", [])}
+    folder = setting_plans(ctx, setting)
+    for method in methods:
+        for level in t.levels:
+            f = folder / f"{method}-{sparsity_label(level)}.json"
+            if not f.is_file() or Plan.from_dict(json.loads(f.read_text())).content_hash() not in have:
+                return False
+    return True
 
 
 def chosen_setting(ctx: StudyContext) -> TransferSetting | None:
