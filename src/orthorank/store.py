@@ -69,7 +69,19 @@ def digest(obj: Any, n: int = 16) -> str:
 
 def code_version(kind: str = "perplexity") -> str:
     """A hash of the code of the modules that decide the numbers of a result kind (their syntax trees without
-    docstrings, so an edited comment or docstring keeps every stored result), plus torch and transformers versions."""
+    docstrings, so an edited comment or docstring keeps every stored result), plus torch and transformers versions.
+
+    Computed once per process, at its first use (after the modules were imported): a file edited while a long run
+    goes on must not give the results of the code that run executes the key of the code now on disk."""
+    if kind not in _CODE_VERSIONS:
+        _CODE_VERSIONS[kind] = _code_version(kind)
+    return _CODE_VERSIONS[kind]
+
+
+_CODE_VERSIONS: dict[str, str] = {}
+
+
+def _code_version(kind: str) -> str:
     import transformers
 
     root = Path(__file__).resolve().parent
