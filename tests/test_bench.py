@@ -248,6 +248,44 @@ def test_chunked_attention_is_exact(monkeypatch, kv_heads, attn, padded):
     assert torch.equal(keep, keep1) and torch.allclose(out, out1, atol=ATOL)
 
 
+@pytest.mark.parametrize("family", ["llama", "gemma3", "mistral"])
+@pytest.mark.parametrize("padded", [False, True])
+def test_long_prompt_paths_are_exact(monkeypatch, family, padded):
+    """The two long-prompt paths of selective attention on CPU give the dense layer's rows: sliding-window layers
+    read only their chunks' windows of keys, full layers split into an unmasked prefix and a masked diagonal (made
+    to engage at 16 keys here; padding keeps the masked path). Both full and sliding layers of Gemma 3."""
+    from orthorank.method import attention, attention_split
+
+    monkeypatch.setattr(SelectiveLayer, "min_chunk_keys", 16)
+    monkeypatch.setattr(attention, "SPLIT_MIN_KEYS", 16)
+    calls = {"split": 0, "window": 0}
+    split, windowed = attention_split.split_attention, attention._window_chunks
+
+    def count(name, fn):
+        def wrapped(*a, **k):
+            calls[name] += 1
+            return fn(*a, **k)
+        return wrapped
+
+    monkeypatch.setattr(attention_split, "split_attention", count("split", split))
+    monkeypatch.setattr(attention, "_window_chunks", count("window", windowed))
+    m = tiny_model(family, **({"sliding_window": 16} if family == "mistral" else {}))
+    apply_orthorank(m, [1, 2], SelectionConfig(ratio=0.33))
+    ids = torch.randint(1, 128, (2, 200), generator=torch.Generator().manual_seed(5))
+    kwargs = {}
+    if padded:
+        mask = torch.ones(2, 200, dtype=torch.long)
+        mask[1, :23] = 0
+        kwargs = {"attention_mask": mask, "position_ids": (mask.cumsum(1) - 1).clamp_min(0)}
+    for layer in (1, 2):
+        out, ref, _ = _naive_reference(m, layer, ids, **kwargs)
+        assert torch.allclose(out, ref, atol=ATOL), (family, layer, (out - ref).abs().max())
+    if family in ("gemma3", "mistral"):
+        assert calls["window"] > 0  # the sliding layers took the windowed chunks
+    if family != "mistral" and not padded and attention_split.available():
+        assert calls["split"] > 0  # the full layers took the split
+
+
 @pytest.mark.parametrize("padded", [False, True])
 def test_sdpa_mask_is_one_row_per_selected_token(monkeypatch, padded):
     """Long prompts: the masks handed to SDPA are [B, 1, chunk, keys], one row per selected token shared by all

@@ -45,8 +45,8 @@ from orthorank.errors import UserError
 # The modules whose code decides the numbers a result of each kind holds; a change to their code (not to their
 # comments or docstrings) is a new code version for that kind. How a model is loaded is not among them: what was
 # loaded is named by the model fingerprint (config, dtypes, attention implementation, sampled weights).
-_MODEL_MODULES = ("method/selection.py", "method/attention.py", "method/layer.py", "method/apply.py",
-                  "models/adapters.py")
+_MODEL_MODULES = ("method/selection.py", "method/attention.py", "method/attention_split.py", "method/layer.py",
+                  "method/apply.py", "method/policies.py", "models/adapters.py")
 NUMERIC_MODULES = {
     "perplexity": _MODEL_MODULES + ("evaluation/perplexity.py",),
     "zeroshot": _MODEL_MODULES + ("evaluation/zeroshot/scoring.py", "evaluation/zeroshot/convert.py"),

@@ -18,7 +18,8 @@ def _attention_lines(run: dict[str, Any], ms: dict[str, float]) -> list[str]:
         return []
     return [f"  attention alone: causal (dense) {ms['attention_causal']:.2f} ms ({100 * a['causal_share_of_dense_layer']:.0f}% "
             f"of the dense layer); selected queries ({a['query_fraction']:.3f} of them): masked "
-            f"{a['masked_fraction_of_causal']:.3f} of causal, prefix/diagonal split {a['split_fraction_of_causal']:.3f}"]
+            f"{a['masked_fraction_of_causal']:.3f} of causal, prefix/diagonal split {a['split_fraction_of_causal']:.3f}"
+            f" (in use: {a.get('in_use', 'masked')})"]
 
 
 def format_run(run: dict[str, Any]) -> str:
@@ -99,7 +100,7 @@ def markdown_table(records: list[dict[str, Any]]) -> str:
         out += [""] if out else []
         out += ["| model | device | dtype | batch x tokens | layer | dense layer ms | selective layer ms | "
                 "cost fraction | ideal | % of ideal | cost with one query chunk | scoring + top-K (% of dense layer) "
-                "| attention share of dense layer | selected queries' attention / causal: masked (in use) | "
+                "| attention share of dense layer | selected queries' attention / causal: masked | "
                 "split (prefix + diagonal) |",
                 "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for rec, run in layer_rows:
@@ -112,8 +113,15 @@ def markdown_table(records: list[dict[str, Any]]) -> str:
                 f"{run['selective_cost_fraction']:.3f} | {run['ideal_selective_cost_fraction']:.3f} | "
                 f"{run['pct_of_ideal']:.1f} | {_f(run.get('unchunked_attention_cost_fraction'), '.3f')} | "
                 f"{100 * run['selection_fraction_of_dense']:.2f} | {_f(a.get('causal_share_of_dense_layer'), '.2f')} "
-                f"| {_f(a.get('masked_fraction_of_causal'), '.3f')} | {_f(a.get('split_fraction_of_causal'), '.3f')} |")
+                f"| {_f(a.get('masked_fraction_of_causal'), '.3f')}{_used(a, 'masked')} "
+                f"| {_f(a.get('split_fraction_of_causal'), '.3f')}{_used(a, 'split')} |")
+        out.append("\n\\* the path selection layers take at that length (full-attention layers on CPU; older "
+                   "records without the mark: masked)")
     return "\n".join(out)
+
+
+def _used(a: dict[str, Any], path: str) -> str:
+    return " \\*" if a.get("in_use") == path else ""
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -438,7 +438,7 @@ def run_layer(model: nn.Module, selection: SelectionConfig, settings: RunSetting
               log: Callable[[str], None] = print) -> dict[str, Any]:
     """Time one dense decoder layer against the same layer wrapped as a selection layer, and the selection step
     (scoring alone, scoring + top-K) alone, on random hidden states with no padding and no cache."""
-    from orthorank.method.attention import _chunks
+    from orthorank.method.attention import SPLIT_MIN_KEYS, _chunks
     from orthorank.method.layer import SelectiveLayer, SequenceContext
     from orthorank.method.selection import keep_count, keep_to_indices, sink_scores
 
@@ -530,8 +530,10 @@ def run_layer(model: nn.Module, selection: SelectionConfig, settings: RunSetting
             "split_fraction_of_causal": stats["attention_split"]["median_s"] / stats["attention_causal"]["median_s"],
             "query_fraction": keep_count(T, selection.ratio) / T,
             "causal_share_of_dense_layer": stats["attention_causal"]["median_s"] / dense,
-            "note": "masked: method/attention.py (used by selection layers); split: method/attention_split.py "
-                    "(prefix unmasked + diagonal masked, merged by log-sum-exp; measured here, not yet used)"}}
+            "in_use": "split" if T >= SPLIT_MIN_KEYS else "masked",
+            "note": "masked: method/attention.py's query chunks with a boolean mask; split: method/attention_split.py "
+                    "(prefix unmasked + diagonal masked, merged by log-sum-exp), which full-attention selection "
+                    f"layers use on CPU from {SPLIT_MIN_KEYS} keys on"}}
            if "attention_split" in stats else {}),
         "scores_bmm_out_dtype": _bmm_flag(),
         "profile": prof,
@@ -564,7 +566,7 @@ def _attention_alone(cfg, selected, T: int, wrapper, dtype: torch.dtype, device:
         "attention_causal": lambda: torch.nn.functional.scaled_dot_product_attention(
             q_all, k, v, is_causal=True, scale=scale, enable_gqa=H > Hkv),
         "attention_masked": lambda: _sdpa(q_rows, idx, k, v, scale, 0, None, None, None, wrapper.max_attention_chunks,
-                                          wrapper.min_chunk_keys),
+                                          wrapper.min_chunk_keys, split=False),
     }
     if attention_split.available():
         fns["attention_split"] = lambda: attention_split.split_attention(q_sel, idx, k, v, scale, chunks)

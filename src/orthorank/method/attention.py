@@ -12,7 +12,9 @@ for the eager backend the attention weights [B, H, K, S].
 
 Backends, by the model's attention implementation (see BACKENDS): masked SDPA (one mask row per selected token,
 broadcast over heads, grouped-query heads in the kernel; on CPU long sequences in query chunks against only the
-keys up to each chunk's last position, on accelerators one call with no device-to-host sync), eager (the family's own eager function: soft-capping, weights for output_attentions), FlexAttention (a block
+keys from the window's start (sliding layers) to each chunk's last position, and from 8k keys on split into an
+unmasked prefix and a masked diagonal (method/attention_split.py); on accelerators one call with no device-to-host
+sync), eager (the family's own eager function: soft-capping, weights for output_attentions), FlexAttention (a block
 mask built from the positions). A flash-attention model's selective layers use SDPA math on its 2-D padding mask.
 """
 
@@ -95,11 +97,31 @@ def selective_attention(
 
 def _chunks(K: int, S: int, max_chunks: int, min_chunk_keys: int) -> list[tuple[int, int]]:
     n = max(1, min(max_chunks, S // max(1, min_chunk_keys), K // 16))
+    return _even(K, n)
+
+
+def _even(K: int, n: int) -> list[tuple[int, int]]:
     bounds = [round(i * K / n) for i in range(n + 1)]
     return [(bounds[i], bounds[i + 1]) for i in range(n) if bounds[i + 1] > bounds[i]]
 
 
-def _sdpa(q, q_pos, k, v, scale, k_offset, key_valid, window, mask, max_chunks, min_chunk_keys) -> torch.Tensor:
+def _window_chunks(K: int, S: int, window: int) -> list[tuple[int, int]]:
+    """A sliding-window layer's selected queries need only the keys of their window: chunks spanning about a
+    quarter of a window each read 1.25 windows of keys per query, where the causal chunks read every key up to the
+    chunk's end (at 32k tokens a Gemma 3 sliding layer's selective attention cost more than the dense layer's)."""
+    return _even(K, max(1, min(K // 16, -(-4 * S // window))))
+
+
+# At or beyond this many keys a full-attention selection layer on CPU splits each query chunk into an unmasked
+# prefix and a masked diagonal (method/attention_split.py): measured on the SmolLM2 shape, the selected queries'
+# attention fell from 0.43-0.48 to 0.33-0.38 of the dense causal kernel's time at 8k-32k tokens, and was no faster
+# at 1k-4k (benchmarks/results/length-scaling). Exact either way (tests/test_method.py).
+SPLIT_MIN_KEYS = 8192
+
+
+def _sdpa(q, q_pos, k, v, scale, k_offset, key_valid, window, mask, max_chunks, min_chunk_keys,
+          split: bool = True) -> torch.Tensor:
+    """split=False keeps the masked kernel at every length (the benchmark's baseline for the split)."""
     B, K, H, hd = q.shape
     Hkv, S = k.shape[1], k.shape[2]
     qh = q.transpose(1, 2)  # [B, H, K, d]
@@ -107,27 +129,42 @@ def _sdpa(q, q_pos, k, v, scale, k_offset, key_valid, window, mask, max_chunks, 
         o = F.scaled_dot_product_attention(qh, k, v, attn_mask=_and_keys(mask, key_valid), scale=scale,
                                            enable_gqa=H > Hkv)
         return o.transpose(1, 2).reshape(B, K, H * hd)
-    # Chunk ends are read on the host: free on CPU; on accelerators that read would be a device-to-host sync per
+    # Chunk bounds are read on the host: free on CPU; on accelerators that read would be a device-to-host sync per
     # layer (no CUDA graphs, a stalled launch queue), and in a compiled graph a graph break, so there the selected
     # queries take one masked call.
     host_reads = q.device.type == "cpu" and not torch.compiler.is_compiling()
-    chunks = _chunks(K, S, max_chunks, min_chunk_keys) if host_reads else [(0, K)]
-    if len(chunks) > 1:
-        ends = torch.stack([q_pos[:, a:b].amax() for a, b in chunks]).tolist()  # one sync per layer
+    windowed = window is not None and window < S
+    if not host_reads:
+        chunks = [(0, K)]
+    elif windowed:
+        chunks = _window_chunks(K, S, window)
     else:
-        ends = [k_offset + S - 1]
+        chunks = _chunks(K, S, max_chunks, min_chunk_keys)
+    if (split and host_reads and not windowed and mask is None and key_valid is None and k_offset == 0
+            and S >= SPLIT_MIN_KEYS and len(chunks) > 1):
+        from orthorank.method import attention_split
+
+        if attention_split.available():
+            o = attention_split.split_attention(qh, q_pos, k, v, scale, chunks)
+            return o.transpose(1, 2).reshape(B, K, H * hd)
+    if host_reads and (len(chunks) > 1 or windowed):  # one sync per layer
+        spans = torch.stack([torch.stack([q_pos[:, a:b].amin(), q_pos[:, a:b].amax()]) for a, b in chunks]).tolist()
+    else:
+        spans = [(k_offset, k_offset + S - 1)]
     out = torch.empty((B, H, K, hd), dtype=q.dtype, device=q.device)
-    for (a, b), last in zip(chunks, ends):
-        # Keys up to the chunk's last query position, rounded up to a multiple of 64 (aligned shapes for the
-        # kernels; the extra keys are masked anyway).
-        Sc = min(S, -(-(int(last) - k_offset + 1) // 64) * 64)
+    for (a, b), (first, last) in zip(chunks, spans):
+        # Keys from the window's start of the chunk's first query (0 without a window) to its last query, rounded
+        # to multiples of 64 (aligned shapes for the kernels; the extra keys are masked anyway).
+        hi = min(S, -(-(int(last) - k_offset + 1) // 64) * 64)
+        lo = max(0, (int(first) - k_offset - window + 1) // 64 * 64) if windowed else 0
+        kv = None if key_valid is None else key_valid[:, lo:hi]
         if mask is not None:
-            m = _and_keys(mask[:, :, a:b, :Sc], key_valid)
+            m = _and_keys(mask[:, :, a:b, lo:hi], kv)
         else:
-            m = allowed_keys(q_pos[:, a:b], Sc, k_offset, None if key_valid is None else key_valid[:, :Sc], window)
-        # m is [B, 1, chunk, Sc]: one row per selected token, broadcast over every head (GQA in the kernel, so
+            m = allowed_keys(q_pos[:, a:b], hi - lo, k_offset + lo, kv, window)
+        # m is [B, 1, chunk, keys]: one row per selected token, broadcast over every head (GQA in the kernel, so
         # neither K/V nor the mask is repeated per query group).
-        out[:, :, a:b] = F.scaled_dot_product_attention(qh[:, :, a:b], k[:, :, :Sc], v[:, :, :Sc], attn_mask=m,
+        out[:, :, a:b] = F.scaled_dot_product_attention(qh[:, :, a:b], k[:, :, lo:hi], v[:, :, lo:hi], attn_mask=m,
                                                         scale=scale, enable_gqa=H > Hkv)
     return out.transpose(1, 2).reshape(B, K, H * hd)
 
