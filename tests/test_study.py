@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -230,3 +231,15 @@ def test_transfer_stage_runs_cheap_settings_first_and_the_hybrid_search_last_on_
     first, last = compares[0], compares[-1]
     assert "hybrid" not in first[first.index("--methods") + 1] and "hybrid" in last[last.index("--methods") + 1]
     assert setting(last) == "mix-8k"
+
+
+def test_calibrate_default_is_the_calibration_the_transfer_matrix_chooses():
+    """The default of `calibrate --calib-data/--calib-tokens` is not typed from memory: it is the setting the
+    committed transfer matrix chooses by the worst domain (study/transfer.py choose_calibration)."""
+    from orthorank.cli.calibration_options import DEFAULT_CALIB_DATA, DEFAULT_CALIB_TOKENS
+    from orthorank.study.transfer import ISSUE_SETTINGS
+
+    root = Path(__file__).resolve().parents[1]
+    matrix = json.loads((root / "studies" / "smollm2-135m" / "transfer" / "transfer.json").read_text())
+    chosen = next(s for s in ISSUE_SETTINGS if s.name == matrix["default_calibration"]["chosen"])
+    assert (DEFAULT_CALIB_DATA, DEFAULT_CALIB_TOKENS) == (chosen.source, chosen.tokens)

@@ -15,8 +15,8 @@ from orthorank.methods import METHODS, searched
 from orthorank.search.layer_search import StackRunner
 from orthorank.search.racing import ALPHA
 from orthorank.cli.calibration_options import (
-    DEFAULT_CALIB_SAMPLES, DEFAULT_CALIB_SEQ_LEN, DEFAULT_SCREEN_FRACTION, calibration_samples, check_calibration_source,
-    match_rules, parse_sparsities, token_count,
+    DEFAULT_CALIB_BATCH, DEFAULT_CALIB_DATA, DEFAULT_CALIB_SEQ_LEN, DEFAULT_CALIB_TOKENS, calibration_samples,
+    check_calibration_source, match_rules, parse_sparsities, screen_batches, token_count,
 )
 from orthorank.cli.common import (
     add_model_args, add_selection_args, add_store_args, check_memory, finite_float, load_from_args, positive_int,
@@ -46,15 +46,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ratios", default=None,
                    help="hybrid: selection ratios the search may use (default: every ratio on the cost table)")
     add_selection_args(p)
-    p.add_argument("--calib-data", default="c4",
+    p.add_argument("--calib-data", default=DEFAULT_CALIB_DATA,
                    help="calibration text: a domain's held-out part (c4, wikitext2, news, code), mix (equal tokens "
-                        "of c4, wikitext2, news and code) or mix:A+B, wikitext2-train (hub), or a text file")
+                        "of c4, wikitext2, news and code) or mix:A+B, wikitext2-train (hub), or a text file "
+                        "(default %(default)s: the source whose plans lose least on their worst evaluation domain, "
+                        "docs/transfer.md)")
     p.add_argument("--data-dir", default=None)
-    p.add_argument("--calib-samples", type=positive_int, default=DEFAULT_CALIB_SAMPLES)
+    p.add_argument("--calib-samples", type=positive_int, default=None, help="calibration windows of --seq-len")
     p.add_argument("--calib-tokens", type=token_count, default=None,
-                   help="calibration size in tokens, e.g. 8K or 32768 (sets --calib-samples to this / --seq-len)")
+                   help=f"calibration size in tokens, e.g. 8K or 32768 (sets --calib-samples to this / --seq-len; "
+                        f"default {DEFAULT_CALIB_TOKENS // 1024}K)")
     p.add_argument("--seq-len", type=positive_int, default=DEFAULT_CALIB_SEQ_LEN, help="calibration window length")
-    p.add_argument("--batch-size", type=positive_int, default=1)
+    p.add_argument("--batch-size", type=positive_int, default=DEFAULT_CALIB_BATCH)
     p.add_argument("--match", default="compute", type=match_rules,
                    help="OrthoRank plans for a sparsity: compute (default: the fewest selection layers that reach "
                         "pruning's compute sparsity at --cost-seq-len, with the keep ratio raised until the two are "
@@ -63,10 +66,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "comma-separated")
     p.add_argument("--cost-seq-len", type=positive_int, default=DEFAULT_COST_SEQ_LEN,
                    help="sequence length at which compute sparsity is counted (the evaluation length)")
-    p.add_argument("--screen-fraction", type=finite_float, default=DEFAULT_SCREEN_FRACTION,
+    p.add_argument("--screen-fraction", type=finite_float, default=None,
                    help="greedy searches race: every candidate is scored on this share of the calibration batches "
                         "first, those clearly worse than the leader (paired t-test per window) are dropped and the "
-                        "rest see twice as many batches, until all are seen (default %(default)s; 1 = exhaustive)")
+                        "rest see twice as many batches, until all are seen (default: the batches of the first "
+                        "2K tokens; 1 = exhaustive)")
     p.add_argument("--exhaustive", action="store_true", help="score every candidate on every calibration batch")
     p.add_argument("--recheck", type=positive_int, default=1,
                    help="a race never drops the best N so far: they are always scored on every batch (default 1: "
@@ -115,8 +119,6 @@ def run(args) -> int:
     for path in outputs:
         check_writable(path, args.overwrite)
     samples = calibration_samples(args)
-    if not 0.0 < args.screen_fraction <= 1.0:
-        raise UserError(f"--screen-fraction must be in (0, 1], got {args.screen_fraction}")
     check_calibration_source(args.calib_data, args.data_dir)
 
     from orthorank import distributed as dist
@@ -136,8 +138,7 @@ def run(args) -> int:
     check_context(lm.model, args.seq_len)
     check_memory(lm, args.batch_size, args.seq_len, "calibrate", loss=True)
     runner = StackRunner(lm.model, calib.windows, args.batch_size)
-    screen = max(1, math.ceil(args.screen_fraction * len(runner.batches) - 1e-9))
-    screen = None if args.exhaustive or screen >= len(runner.batches) else screen
+    screen = screen_batches(args, len(runner.batches))
     say = print if dist.is_main() else (lambda *a, **k: None)
     greedy = search.greedy
     say(f"{args.method}: " + (f"{max(counts)} greedy steps" if greedy else "one-shot scores") + f" over {L} layers, "

@@ -113,7 +113,7 @@ def run_hybrid(args) -> int:
                                                                  check_targets, sparsity_label, REMOVE)
 
     dist.init(args.device)
-    from orthorank.cli.calibration_options import calibration_samples, check_calibration_source
+    from orthorank.cli.calibration_options import calibration_samples, check_calibration_source, screen_batches
 
     samples = calibration_samples(args)
     check_calibration_source(args.calib_data, args.data_dir)
@@ -144,10 +144,7 @@ def run_hybrid(args) -> int:
     check_context(lm.model, args.seq_len)
     check_memory(lm, args.batch_size, args.seq_len, args.method, loss=True)
     runner = StackRunner(lm.model, calib.windows, args.batch_size)
-    if not 0.0 < args.screen_fraction <= 1.0:
-        raise UserError(f"--screen-fraction must be in (0, 1], got {args.screen_fraction}")
-    screen = max(1, math.ceil(args.screen_fraction * len(runner.batches) - 1e-9))
-    screen = None if args.exhaustive or screen >= len(runner.batches) else screen
+    screen = screen_batches(args, len(runner.batches))
     say = print if dist.is_main() else (lambda *a, **k: None)
     say(f"{args.method}: targets {', '.join(f'{t:.4f}x' for t in targets)} on {table.source} "
         + ("" if ratios_mode else f"({table.device.get('name')}, {table.dtype}, {table.batch} x {table.seq_len})")

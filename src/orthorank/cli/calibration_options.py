@@ -4,14 +4,33 @@ match rules and the calibration source, each checked before a model is loaded.""
 from __future__ import annotations
 
 import argparse
+import math
 
 from orthorank.errors import UserError, number_list
 from orthorank.method.plan import MATCH_RULES, check_sparsity
 
-# Default calibration: chosen from the calibration-spread study (benchmarks/calibration_spread.py, docs/results.md).
-DEFAULT_CALIB_SAMPLES = 8
+# Default calibration: the source and size the transfer matrix chooses by the worst evaluation domain
+# (studies/smollm2-135m/transfer/transfer.md, "Default calibration"; tests/test_study.py keeps the two equal):
+# 8K tokens of the four-domain mix, 32 windows of 256 in batches of 4, racing from the first 2K tokens.
+DEFAULT_CALIB_DATA = "mix"
+DEFAULT_CALIB_TOKENS = 8192
 DEFAULT_CALIB_SEQ_LEN = 256
-DEFAULT_SCREEN_FRACTION = 1.0  # exhaustive; screening (e.g. 0.25) pays off for larger calibration sets
+DEFAULT_CALIB_BATCH = 4
+FIRST_RACE_TOKENS = 2048  # greedy searches race from the first batches that hold this many tokens (all: exhaustive)
+
+
+def screen_batches(args, batches: int) -> int | None:
+    """The batches every candidate is scored on first (None: exhaustive). --screen-fraction when given, else the
+    batches of the first FIRST_RACE_TOKENS calibration tokens."""
+    if args.exhaustive:
+        return None
+    if args.screen_fraction is not None:
+        if not 0.0 < args.screen_fraction <= 1.0:
+            raise UserError(f"--screen-fraction must be in (0, 1], got {args.screen_fraction}")
+        screen = max(1, math.ceil(args.screen_fraction * batches - 1e-9))
+    else:
+        screen = max(1, math.ceil(FIRST_RACE_TOKENS / (args.batch_size * args.seq_len) - 1e-9))
+    return None if screen >= batches else screen
 
 
 def parse_sparsities(text: str) -> list[float]:
@@ -42,9 +61,13 @@ def match_rules(text: str) -> list[str]:
 
 
 def calibration_samples(args) -> int:
-    """--calib-tokens (a multiple of --seq-len) or --calib-samples."""
-    if args.calib_tokens is None:
+    """--calib-tokens (a multiple of --seq-len) or --calib-samples (default: DEFAULT_CALIB_TOKENS)."""
+    if args.calib_tokens is not None and args.calib_samples is not None:
+        raise UserError("give --calib-tokens or --calib-samples, not both")
+    if args.calib_samples is not None:
         return args.calib_samples
+    if args.calib_tokens is None:
+        return max(1, DEFAULT_CALIB_TOKENS // args.seq_len)
     if args.calib_tokens % args.seq_len:
         raise UserError(f"--calib-tokens {args.calib_tokens} is not a multiple of --seq-len {args.seq_len}")
     return args.calib_tokens // args.seq_len

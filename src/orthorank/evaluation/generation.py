@@ -9,7 +9,7 @@ import torch
 
 from orthorank.bench.bandwidth import decode_bound, decode_step_bytes, process_bandwidth
 from orthorank.models.loading import input_device
-from orthorank.models.static_decode import allocated_static_cache
+from orthorank.models.static_decode import allocated_static_cache, cache_kwarg
 
 
 class Timer:
@@ -83,7 +83,7 @@ def generate_rows(lm, rows: list[list[int]], max_new_tokens: int, echo: bool = F
     cache = allocated_static_cache(lm.model, len(rows), max(cache_len or 0, ids.shape[1] + max_new_tokens))
     timer = Timer(tok, echo)
     out = lm.model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), max_new_tokens=max_new_tokens,
-                            do_sample=False, pad_token_id=pad, streamer=timer, past_key_values=cache,
+                            do_sample=False, pad_token_id=pad, streamer=timer, **{cache_kwarg(lm.model): cache},
                             eos_token_id=stop_ids or tok.eos_token_id, **compile_kwargs(device, compile))
     del cache
     end = time.perf_counter()

@@ -51,7 +51,7 @@ BUDGETS: dict[str, Budget] = {
                    transfer=TransferBudget(ISSUE_SETTINGS, 64, 2048, (0.1, 0.2))),
     # for tests and a smoke run of a new setup: every stage, seconds on a tiny model
     "test": Budget("test", (0.1, 0.2), (0.2,), 2, 64, 4, "512", 2, 2, 64, 1, False, 4,
-                   ("--calib-samples", "2", "--seq-len", "64", "--measure-speed", "0"),
+                   ("--calib-samples", "4", "--seq-len", "64", "--measure-speed", "0"),
                    TransferBudget((TransferSetting("c4", 128), TransferSetting("code", 128)), 2, 64, (0.2,),
                                   calib_seq_len=32, calibrate_extra=("--measure-speed", "0"))),
 }

@@ -71,8 +71,10 @@ def _plans_argv(ctx: StudyContext) -> list[list[str]]:
     for method in SEARCHED:
         missing = _missing_plans(ctx, method)
         if missing:
+            # compute matched at the length the perplexity stage evaluates (exact matching where it is measured)
             cmds.append(["calibrate", *ctx.common, *ctx.data, "--method", method, "--sparsity", ctx.levels(tuple(missing)),
-                         *ctx.budget.calibration, "--out-dir", str(ctx.plans_dir), *ctx.store_args()])
+                         "--cost-seq-len", str(ctx.budget.ppl_seq_len), *ctx.budget.calibration,
+                         "--out-dir", str(ctx.plans_dir), *ctx.store_args()])
     return cmds
 
 
