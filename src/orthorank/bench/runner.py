@@ -438,7 +438,7 @@ def run_layer(model: nn.Module, selection: SelectionConfig, settings: RunSetting
               log: Callable[[str], None] = print) -> dict[str, Any]:
     """Time one dense decoder layer against the same layer wrapped as a selection layer, and the selection step
     (scoring alone, scoring + top-K) alone, on random hidden states with no padding and no cache."""
-    from orthorank.method.attention import SPLIT_MIN_KEYS, _chunks
+    from orthorank.method.attention import SPLIT_MIN_KEYS, _chunks, _window_chunks
     from orthorank.method.layer import SelectiveLayer, SequenceContext
     from orthorank.method.selection import keep_count, keep_to_indices, sink_scores
 
@@ -522,7 +522,9 @@ def run_layer(model: nn.Module, selection: SelectionConfig, settings: RunSetting
         "scoring_fraction_of_dense": stats["scoring"]["median_s"] / dense,
         "selection_fraction_of_dense": stats["scoring_and_topk"]["median_s"] / dense,
         "unchunked_attention_cost_fraction": stats["selective_layer_unchunked"]["median_s"] / dense,
-        "attention_chunks": len(_chunks(keep_count(T, selection.ratio), T, wrapper.max_attention_chunks,
+        "attention_chunks": len(_window_chunks(keep_count(T, selection.ratio), T, wrapper._window)
+                                if wrapper._window is not None and wrapper._window < T else
+                                _chunks(keep_count(T, selection.ratio), T, wrapper.max_attention_chunks,
                                         wrapper.min_chunk_keys)),
         # the attention of the selected queries alone, against the dense layer's causal kernel on the same keys
         **({"attention_alone": {

@@ -115,7 +115,7 @@ def _window_chunks(K: int, S: int, window: int) -> list[tuple[int, int]]:
 # At or beyond this many keys a full-attention selection layer on CPU splits each query chunk into an unmasked
 # prefix and a masked diagonal (method/attention_split.py): measured on the SmolLM2 shape, the selected queries'
 # attention fell from 0.43-0.48 to 0.33-0.38 of the dense causal kernel's time at 8k-32k tokens, and was no faster
-# at 1k-4k (benchmarks/results/length-scaling). Exact either way (tests/test_method.py).
+# at 1k-4k (benchmarks/results/length-scaling). Exact either way (tests/test_bench.py).
 SPLIT_MIN_KEYS = 8192
 
 
@@ -136,7 +136,7 @@ def _sdpa(q, q_pos, k, v, scale, k_offset, key_valid, window, mask, max_chunks, 
     windowed = window is not None and window < S
     if not host_reads:
         chunks = [(0, K)]
-    elif windowed:
+    elif windowed and max_chunks > 1:  # max_chunks 1: one chunk over every key (the benchmarks' baseline)
         chunks = _window_chunks(K, S, window)
     else:
         chunks = _chunks(K, S, max_chunks, min_chunk_keys)
