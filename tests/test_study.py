@@ -28,7 +28,7 @@ def test_verdicts_come_from_the_interval():
     assert verdict(float("nan"), 1.0, "lower", 1.0) == INCONCLUSIVE
 
 
-def test_constructed_comparisons_give_each_verdict():
+def test_constructed_comparisons_give_each_verdict(tmp_path):
     data = {"windows": {"wikitext2": 8, "code": 8, "c4": 8}, "seq_len": 256, "comparisons": [
         {"a": "orthorank", "a_level": 0.2, "b": "sleb", "b_level": 0.2, "dataset": "wikitext2", "ratio": 0.9,
          "ci95": [0.85, 0.95]},
@@ -48,6 +48,16 @@ def test_constructed_comparisons_give_each_verdict():
     random = claims[("ablation", "0.2 on c4")]
     assert random.verdict == SUPPORTED and random.value == pytest.approx(0.8) and random.high < 1
     assert len(claims) == 4  # pruning against dense is not a claim of the paper
+    # the same, as the Markdown a page quotes: every domain, and each claim at its least favourable one
+    from orthorank.study.claims import main as claims_main
+
+    src = tmp_path / "compare.json"
+    src.write_text(json.dumps({**data, "model": "m", "datasets": ["wikitext2", "code", "c4"], "skip_windows": 8}))
+    assert claims_main([str(src), "--levels", "0.2", "--out", str(tmp_path / "claims")]) == 0
+    headline = (tmp_path / "claims" / "claims-headline.md").read_text()
+    assert "windows 9-16" in headline and "0.2 on code" in headline and "contradicted" in headline
+    assert "0.2 on wikitext2" not in headline  # the least favourable domain only
+    assert (tmp_path / "claims" / "claims.md").read_text().count("| perplexity |") == 3
 
 
 def test_speed_claim_pairs_repeats():

@@ -177,3 +177,39 @@ def tally(claims: list[dict[str, Any]]) -> dict[str, int]:
     for c in claims:
         out[c["verdict"]] += 1
     return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m orthorank.study.claims COMPARE_JSON --levels 0.1,0.2 --out DIR`: the paper's perplexity claims
+    tested on one `compare` result, as Markdown for pages to quote (study/docs_blocks.py): DIR/claims.md (every
+    domain) and DIR/claims-headline.md (each claim at its least favourable domain)."""
+    import argparse
+
+    from orthorank.results import atomic_write_text
+    from orthorank.study.report import _headline, claims_markdown
+
+    p = argparse.ArgumentParser(description=main.__doc__.splitlines()[0])
+    p.add_argument("compare_json")
+    p.add_argument("--levels", default="0.1,0.2")
+    p.add_argument("--out", required=True, help="folder for claims.md and claims-headline.md")
+    args = p.parse_args(argv)
+    data = json.loads(Path(args.compare_json).read_text())
+    levels = tuple(float(x) for x in args.levels.split(","))
+    claims = [c.to_json() for c in perplexity_claims(data, levels)]
+    windows = data["windows"]
+    skip = data.get("skip_windows", 0)
+    where = (f"windows {skip + 1}-{skip + max(windows.values())}" if skip else f"the first {max(windows.values())} "
+             "windows")
+    caption = (f"The paper's perplexity claims on {data['model']}, {where} of {data['seq_len']} tokens of "
+               f"{', '.join(data['datasets'])} (a slice; `{args.compare_json}`), verdicts from the 95% paired "
+               "intervals")
+    out = Path(args.out)
+    headline = f"{caption}; each claim at its least favourable domain:\n\n{claims_markdown(_headline(claims))}\n"
+    atomic_write_text(out / "claims-headline.md", headline)
+    atomic_write_text(out / "claims.md", f"{caption}; every domain:\n\n{claims_markdown(claims)}\n")
+    print(headline)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
