@@ -80,11 +80,12 @@ def generate_rows(lm, rows: list[list[int]], max_new_tokens: int, echo: bool = F
     device = input_device(lm.model)
     # A static cache allocated before the prefill: the memory guard's estimate is then what the process takes
     # (models/static_decode.py), and decode steps write in place instead of concatenating the cache.
+    compiling = compile_kwargs(device, compile)
     cache = allocated_static_cache(lm.model, len(rows), max(cache_len or 0, ids.shape[1] + max_new_tokens))
     timer = Timer(tok, echo)
     out = lm.model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), max_new_tokens=max_new_tokens,
                             do_sample=False, pad_token_id=pad, streamer=timer, **{cache_kwarg(lm.model): cache},
-                            eos_token_id=stop_ids or tok.eos_token_id, **compile_kwargs(device, compile))
+                            eos_token_id=stop_ids or tok.eos_token_id, **compiling)
     del cache
     end = time.perf_counter()
     new = out[:, ids.shape[1]:].tolist()
@@ -94,7 +95,7 @@ def generate_rows(lm, rows: list[list[int]], max_new_tokens: int, echo: bool = F
     ttft = (timer.first or end) - timer.start
     decode_s = (timer.last or end) - (timer.first or end)
     timing = {"batch": len(rows), "prompt_tokens": int(mask.sum()), "new_tokens_per_row": n_new,
-              "decode_impl": "compile" if "compile_config" in compile_kwargs(device, compile) else "eager",
+              "decode_impl": "compile" if "compile_config" in compiling else "eager",
               "time_to_first_token_s": ttft,
               "decode_tokens_per_s": (len(rows) * (n_new - 1) / decode_s) if n_new > 1 and decode_s > 0 else None}
     if timing["decode_tokens_per_s"] is not None:

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
+from orthorank.cli.calibration_options import DEFAULT_CALIB_BATCH as CALIB_BATCH
+from orthorank.cli.calibration_options import FIRST_RACE_TOKENS  # racing from 2K tokens at any size
 from orthorank.method.plan_store import sparsity_label
 
 if TYPE_CHECKING:
@@ -27,9 +29,6 @@ METHODS = ("sleb", "shortgpt", "shortened-ppl", "orthorank", "hybrid")
 # In-domain: the evaluation domains a calibration source's text comes from (a mix: all of them).
 IN_DOMAIN = {"c4": {"c4"}, "wikitext2": {"wikitext2"}, "code": {"code"}, "news": {"news"},
              "mix": set(DOMAINS)}
-# Greedy searches race from the first 2K calibration tokens whatever the calibration size (search/racing.py).
-FIRST_RACE_TOKENS = 2048
-CALIB_BATCH = 4
 
 
 @dataclass(frozen=True)
