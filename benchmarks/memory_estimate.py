@@ -34,10 +34,10 @@ def measure_one(args, kind: str, T: int) -> dict:
     model = lm.model.eval()
     shape = Shape.of(model)
     with torch.no_grad():  # one-time allocations (thread pools, kernel caches) are not a forward's memory
-        window_nll(model, torch.randint(100, shape.vocab - 1, (1, 256)))
-        model.generate(torch.randint(100, shape.vocab - 1, (1, 64)), max_new_tokens=2, do_sample=False,
+        window_nll(model, torch.randint(100, shape.arch.vocab - 1, (1, 256)))
+        model.generate(torch.randint(100, shape.arch.vocab - 1, (1, 64)), max_new_tokens=2, do_sample=False,
                        pad_token_id=0)
-    ids = torch.randint(100, shape.vocab - 1, (1, T), generator=torch.Generator().manual_seed(T))
+    ids = torch.randint(100, shape.arch.vocab - 1, (1, T), generator=torch.Generator().manual_seed(T))
     gc.collect()
     meter = PeakMeter(lm.device).start()
     with torch.no_grad():

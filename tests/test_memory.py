@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -9,19 +10,20 @@ import pytest
 from cli_helpers import assert_user_error
 from conftest import tiny_model
 from orthorank.bench.memory import Shape, check_fits, estimate_bytes
+from orthorank.method.cost import Arch
 from orthorank.errors import UserError
 
 
 def test_estimate_grows_with_batch_length_and_cache():
-    shape = Shape(layers=30, hidden=576, heads=9, kv_heads=3, head_dim=64, ffn=1536, vocab=49152, eager=False,
-                  value_bytes=4)  # SmolLM2-135M
-    assert Shape.of(tiny_model(layers=2)).layers == 2
+    shape = Shape(Arch(num_layers=30, hidden=576, heads=9, kv_heads=3, head_dim=64, ffn=1536, vocab=49152),
+                  eager=False, value_bytes=4)  # SmolLM2-135M
+    assert Shape.of(tiny_model(layers=2)).arch.num_layers == 2
     base = estimate_bytes(shape, 1, 512)
     assert estimate_bytes(shape, 2, 512) > base and estimate_bytes(shape, 1, 1024) > base
     assert estimate_bytes(shape, 1, 512, loss=True) > base  # the cross-entropy's log-probabilities
     assert estimate_bytes(shape, 1, 512, cache_tokens=600, all_logits=False) < base  # generation: last logits only
-    eager = Shape(**{**shape.__dict__, "eager": True})
-    assert estimate_bytes(eager, 1, 4096) >= 2 * shape.heads * 4096 ** 2 * 4 > estimate_bytes(shape, 1, 4096)
+    eager = dataclasses.replace(shape, eager=True)
+    assert estimate_bytes(eager, 1, 4096) >= 2 * shape.arch.heads * 4096 ** 2 * 4 > estimate_bytes(shape, 1, 4096)
 
 
 def test_guard_refuses_with_what_fits():

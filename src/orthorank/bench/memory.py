@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from orthorank.errors import UserError
+from orthorank.method.cost import Arch
 
 MIB = 2**20
 # Memory kept free beside the estimate: the allocator's slack, Python, tokenizers and libraries' buffers.
@@ -118,26 +119,17 @@ def measured() -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class Shape:
-    """What a memory estimate needs from a model config."""
+    """What a memory estimate needs from a model config: the FLOP count's numbers, and how values are held."""
 
-    layers: int
-    hidden: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    ffn: int
-    vocab: int
+    arch: Arch
     eager: bool  # eager attention materializes B H T S scores
     value_bytes: int
 
     @classmethod
     def of(cls, model) -> "Shape":
-        from orthorank.method.cost import Arch
-
         a = Arch.from_config(getattr(model.config, "text_config", None) or model.config)
         attn = getattr(model.config, "_attn_implementation", None) or "eager"
-        return cls(a.num_layers, a.hidden, a.heads, a.kv_heads, a.head_dim, a.ffn, a.vocab, attn == "eager",
-                   next(model.parameters()).element_size())
+        return cls(a, attn == "eager", next(model.parameters()).element_size())
 
 
 def estimate_bytes(shape: Shape, batch: int, tokens: int, *, loss: bool = False, cache_tokens: int = 0,
@@ -145,17 +137,17 @@ def estimate_bytes(shape: Shape, batch: int, tokens: int, *, loss: bool = False,
     """Peak bytes above the loaded model of one forward over batch x tokens (see the module docstring);
     cache_tokens > 0 keeps a KV cache of that many positions per row; all_logits=False: the head runs on each
     row's last position only (generation)."""
-    s = shape
+    s, a = shape, shape.arch
     bt = batch * tokens
     head_rows = bt if all_logits else batch
-    q, kv = s.heads * s.head_dim, s.kv_heads * s.head_dim
-    layer = bt * (4 * s.hidden + q + 2 * kv + 3 * s.ffn) * s.value_bytes
+    q, kv = a.heads * a.head_dim, a.kv_heads * a.head_dim
+    layer = bt * (4 * a.hidden + q + 2 * kv + 3 * a.ffn) * s.value_bytes
     if s.eager:
         keys = tokens + cache_tokens
-        layer += 2 * batch * s.heads * tokens * keys * s.value_bytes
-    head = head_rows * s.vocab * 4 * (1 + (1 if loss else 0) + (1 if loss and batch > 1 else 0))
-    cache = 2 * s.layers * batch * kv * cache_tokens * s.value_bytes
-    return int(max(layer, head) + cache + bt * s.hidden * s.value_bytes)
+        layer += 2 * batch * a.heads * tokens * keys * s.value_bytes
+    head = head_rows * a.vocab * 4 * (1 + (1 if loss else 0) + (1 if loss and batch > 1 else 0))
+    cache = 2 * a.num_layers * batch * kv * cache_tokens * s.value_bytes
+    return int(max(layer, head) + cache + bt * a.hidden * s.value_bytes)
 
 
 def available_bytes(device) -> int | None:

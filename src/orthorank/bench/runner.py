@@ -209,19 +209,27 @@ def _workload(model: nn.Module, settings: RunSettings, device: torch.device) -> 
         return static_decode
 
     def decode() -> float:
-        logits, cache = forward(ids, use_cache=True)  # the prompt: not timed
-        state = {"cache": cache, "next": logits.argmax(-1, keepdim=True)}
-        del logits
-
-        def steps() -> None:
-            for _ in range(settings.new_tokens):
-                step_logits, state["cache"] = forward(state["next"], use_cache=True, cache=state["cache"])
-                state["next"] = step_logits.argmax(-1, keepdim=True)
-
-        seconds = time_call(steps, device)
+        state = _greedy_prompt(forward, ids)  # the prompt: not timed
+        seconds = time_call(lambda: _greedy_steps(forward, state, settings.new_tokens), device)
         state.clear()
         return seconds
     return decode
+
+
+def _greedy_prompt(forward: LastTokenForward, ids: torch.Tensor) -> dict[str, Any]:
+    """The decode loop's state after the prompt: its KV cache and the greedy next token."""
+    logits, cache = forward(ids, use_cache=True)
+    return {"cache": cache, "next": logits.argmax(-1, keepdim=True)}
+
+
+def _greedy_steps(forward: LastTokenForward, state: dict[str, Any], steps: int,
+                  after_step: Callable[[], None] | None = None) -> None:
+    """Greedy decode steps through the KV cache in `state` (updated in place)."""
+    for _ in range(steps):
+        logits, state["cache"] = forward(state["next"], use_cache=True, cache=state["cache"])
+        state["next"] = logits.argmax(-1, keepdim=True)
+        if after_step is not None:
+            after_step()
 
 
 @torch.no_grad()
@@ -234,11 +242,9 @@ def decoded_update_share(model: nn.Module, spec: MethodSpec, settings: RunSettin
     try:
         forward = LastTokenForward(model)
         ids = random_ids(model.config.vocab_size, settings.batch, settings.seq_len, device, settings.seed)
-        logits, cache = forward(ids, use_cache=True)
+        state = _greedy_prompt(forward, ids)
         counter = UpdateCounter(model)
-        for _ in range(settings.new_tokens):
-            logits, cache = forward(logits.argmax(-1, keepdim=True), use_cache=True, cache=cache)
-            counter.step(settings.batch)
+        _greedy_steps(forward, state, settings.new_tokens, lambda: counter.step(settings.batch))
         return counter.share if counter.share is not None else 1.0
     finally:
         restore_dense(model)
