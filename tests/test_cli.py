@@ -29,6 +29,7 @@ def test_ppl_dense_and_orthorank_write_json(capsys, tiny_hf_folder, text_file, t
     assert data["result"]["windows"] >= 1 and data["result"]["perplexity"] > 1
     for key in ("torch", "transformers", "device", "git_commit", "python"):
         assert key in data["environment"]
+    assert data["environment"]["command_line"].startswith("orthorank ppl --model ")  # how to reproduce it
     assert data["seed"] == 0 and data["plan"]["method"] == "dense"
     code, out, _ = run_cli(capsys, "ppl", "--model", tiny_hf_folder, "--dataset", text_file, "--seq-len", 32,
                            "--method", "orthorank", "--layers", "1,2", "--ratio", "0.5", "--max-windows", 2)

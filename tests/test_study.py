@@ -110,6 +110,9 @@ def test_study_end_to_end_resumes_and_summarizes(capsys, tiny_long_folder, tmp_p
     decode = json.loads((out / "decode" / "compare.json").read_text())
     assert decode["scoring"] == "continuation" and "orthorank (policy +decode=threshold)" in {
         r["method"] for r in decode["rows"]}
+    # each result file names the command that made it; the study's own file names the study
+    assert decode["environment"]["command_line"].startswith("orthorank compare --model ")
+    assert study["environment"]["command_line"].startswith("orthorank study --model ")
     speed = json.loads((out / "speed" / "bench-0.2.json").read_text())
     decoded = {m["method"]: m for r in speed["runs"] if r["mode"] == "decode" for m in r["methods"]}
     assert decoded["orthorank [+decode=threshold]"]["ideal_speedup"] is not None

@@ -31,6 +31,23 @@ def git_commit() -> str | None:
         return None
 
 
+_COMMAND: list[str] | None = None
+
+
+def record_command(argv: list[str] | None) -> list[str] | None:
+    """The command a result comes from (set by the CLI before it runs one), so every result file can say how to
+    reproduce it; returns the one it replaces (a study restores its own after each stage's command)."""
+    global _COMMAND
+    previous, _COMMAND = _COMMAND, None if argv is None else [str(a) for a in argv]
+    return previous
+
+
+def command_line() -> str | None:
+    import shlex
+
+    return "orthorank " + shlex.join(_COMMAND) if _COMMAND is not None else None
+
+
 def environment(device: torch.device | str | None = None) -> dict[str, Any]:
     import transformers
 
@@ -45,6 +62,7 @@ def environment(device: torch.device | str | None = None) -> dict[str, Any]:
         "cpu_threads": torch.get_num_threads(),
         "git_commit": git_commit(),
         "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "command_line": command_line(),
     }
     try:
         import lm_eval

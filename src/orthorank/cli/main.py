@@ -40,7 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     from orthorank import distributed
+    from orthorank.results import record_command
 
+    record_command(sys.argv[1:] if argv is None else argv)
     finished = False
     try:
         code = int(args.func(args) or 0)

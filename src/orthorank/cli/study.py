@@ -37,16 +37,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run_command(argv: list[str]) -> int:
     """One command in this process, without main()'s shutdown of the process group between stages."""
     from orthorank.cli.main import build_parser
+    from orthorank.results import record_command
 
     try:
         args = build_parser().parse_args(argv)
     except SystemExit as exc:  # argparse has printed why
         return int(exc.code or 2)
+    study_command = record_command(argv)
     try:
         return int(args.func(args) or 0)
     except UserError as exc:
         print(f"orthorank {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    finally:
+        record_command(study_command)
 
 
 def run(args) -> int:
