@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from cli_helpers import assert_user_error, run_cli
 from orthorank.errors import UserError
