@@ -97,7 +97,7 @@ def test_study_end_to_end_resumes_and_summarizes(capsys, tiny_long_folder, tmp_p
     assert code == 0, err
     study = json.loads((out / "study.json").read_text())
     assert study["finished"] == ["sink", "plans", "perplexity", "zeroshot", "longctx", "speed", "decode"]
-    assert study["skipped"] == ["hybrid", "transfer"]  # not part of the test budget; runs only when named
+    assert study["skipped"] == ["hybrid", "transfer", "policies"]  # not in the test budget; run only when named
     groups = {c["group"] for c in study["claims"]}
     assert groups == {"perplexity", "ablation", "zero-shot", "long inputs", "speed"}
     for c in study["claims"]:  # every verdict is the interval's
@@ -120,6 +120,30 @@ def test_study_end_to_end_resumes_and_summarizes(capsys, tiny_long_folder, tmp_p
     code, stdout, err = run_cli(capsys, "study", "--model", tiny_long_folder, "--budget", "test", "--out", out,
                                 "--threads", "1")
     assert code == 0 and err.count("done before") == 7, err  # resumed: nothing ran again
+
+    # the policies stage (issue 24 for any model), named: per level, compare with the rules and zero-shot, the
+    # long-context suite and LongBench with the same rules, the decision from their intervals, a report section
+    code, stdout, err = run_cli(capsys, "study", "--model", tiny_long_folder, "--budget", "test", "--out", out,
+                                "--stages", "policies", "--threads", "1")
+    assert code == 0, err
+    level = out / "policies" / "0.2"
+    compare = json.loads((level / "compare" / "compare.json").read_text())
+    methods = {r["method"] for r in compare["rows"]}
+    assert {"orthorank (policy random)", "orthorank (policy oracle)",
+            "orthorank (policy orthogonal+recent=8)"} <= methods
+    assert compare["headroom"] and compare["zeroshot"]  # the oracle's headroom and zero-shot per rule
+    longctx = json.loads((level / "longctx" / "longctx.json").read_text())
+    assert any("[oracle]" in r["name"] for r in longctx["rows"]) and all(r["decode"] in (None, "dense")
+                                                                          for r in longctx["rows"])
+    assert (level / "longbench" / "longbench.json").is_file()
+    choice = json.loads((level / "policy-choice.json").read_text())
+    policies = {r["policy"] for r in choice["rows"]}
+    assert {"orthogonal", "random", "orthogonal+recent=8"} <= policies
+    oracle = next(r for r in choice["rows"] if r["policy"] == "oracle")
+    assert not oracle["fix"] and "runs the layers densely: no speed-up" in oracle["why_not"]  # never a fix
+    assert choice["default"] in policies
+    assert list(json.loads((out / "policies" / "policies.json").read_text())["levels"]) == ["0.2"]
+    assert "Selection policies" in (out / "report.html").read_text()
 
     import browser_check
 
@@ -256,3 +280,4 @@ def test_calibrate_default_is_the_calibration_the_transfer_matrix_chooses():
     matrix = json.loads((root / "studies" / "smollm2-135m" / "transfer" / "transfer.json").read_text())
     chosen = next(s for s in ISSUE_SETTINGS if s.name == matrix["default_calibration"]["chosen"])
     assert (DEFAULT_CALIB_DATA, DEFAULT_CALIB_TOKENS) == (chosen.source, chosen.tokens)
+

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from orthorank.errors import UserError
+from orthorank.study.headroom import PolicyBudget
 from orthorank.study.transfer import ISSUE_SETTINGS, TransferBudget, TransferSetting
 
 
@@ -31,6 +32,7 @@ class Budget:
     calibration: tuple[str, ...] = ()  # extra `calibrate` flags for plans searched here (default: its defaults)
     transfer: TransferBudget | None = None  # the transfer stage (run only when asked for: hours per model)
     decode_policies: bool = True  # the decode stage: continuation perplexity under each decode policy
+    policies: PolicyBudget | None = None  # the policies stage (run only when asked for: hours per model)
 
     def caption(self) -> str:
         return (f"budget {self.name}: perplexity on the first {self.ppl_windows} windows of {self.ppl_seq_len} tokens "
@@ -44,16 +46,20 @@ class Budget:
 
 BUDGETS: dict[str, Budget] = {
     "quick": Budget("quick", (0.1, 0.2), (0.2,), 4, 256, 10, "512", 2, 3, 512, 2, False, decode_tokens=8,
-                    decode_policies=False),
+                    decode_policies=False, policies=PolicyBudget("512", 2, ("niah_single",), 1, (0.2,))),
     "standard": Budget("standard", (0.1, 0.2), (0.2,), 16, 512, 100, "1k", 6, 5, 1024, 4, True,
-                       transfer=TransferBudget(ISSUE_SETTINGS, 32, 512, (0.1, 0.2))),
+                       transfer=TransferBudget(ISSUE_SETTINGS, 32, 512, (0.1, 0.2)),
+                       policies=PolicyBudget("1k,2k", 20, ("niah_single", "niah_multikey"), 8)),
     "full": Budget("full", (0.1, 0.2), (0.1, 0.2), 128, 2048, 1000, "1k,2k,4k", 50, 9, 2048, 8, True,
-                   transfer=TransferBudget(ISSUE_SETTINGS, 64, 2048, (0.1, 0.2))),
+                   transfer=TransferBudget(ISSUE_SETTINGS, 64, 2048, (0.1, 0.2)),
+                   policies=PolicyBudget("1k,2k,4k", 50, ("niah_single", "niah_multikey"), 20)),
     # for tests and a smoke run of a new setup: every stage, seconds on a tiny model
     "test": Budget("test", (0.1, 0.2), (0.2,), 2, 64, 4, "512", 2, 2, 64, 1, False, 4,
                    ("--calib-samples", "4", "--seq-len", "64", "--measure-speed", "0"),
                    TransferBudget((TransferSetting("c4", 128), TransferSetting("code", 128)), 2, 64, (0.2,),
-                                  calib_seq_len=32, calibrate_extra=("--measure-speed", "0"))),
+                                  calib_seq_len=32, calibrate_extra=("--measure-speed", "0")),
+                   policies=PolicyBudget("512", 1, ("niah_single",), 1, (0.2,), ("random", "oracle", "orthogonal+recent=8"),
+                                         longbench_max_length=256)),
 }
 
 

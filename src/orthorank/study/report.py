@@ -35,6 +35,7 @@ SECTIONS = [
     ("hybrid", "Hybrid frontier", ["compare.md"], ["frontier.png", "compare.png"]),
     ("transfer", "Transfer: plans calibrated on one source, evaluated on every domain", ["transfer.md"],
      ["transfer-*.png"]),
+    ("policies", "Selection policies: the oracle's headroom and long inputs per rule", ["policies.md"], []),
     ("sink", "Attention-sink analysis", [], ["*.png"]),
 ]
 

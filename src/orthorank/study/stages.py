@@ -17,6 +17,7 @@ from typing import Callable
 from orthorank.errors import UserError
 from orthorank.method.plan_store import PLANS_DIR, plan_relpath, sparsity_label
 from orthorank.study.budgets import Budget
+from orthorank.study.headroom import finish_policies, policies_argv, policies_output
 from orthorank.study.transfer import after_command, render_matrix, transfer_argv, transfer_done, transfer_output
 
 SEARCHED = ("sleb", "shortgpt", "shortened-ppl", "orthorank")  # every method's plan, at every budget level
@@ -173,6 +174,9 @@ STAGES: list[Stage] = [
     Stage("transfer", "the transfer matrix: every method calibrated on several sources, evaluated on every domain",
           transfer_output, transfer_argv, lambda b: b.transfer is not None, transfer_done, finish=render_matrix,
           after_command=after_command, optional=True),
+    Stage("policies", "selection policies on the study's plans: the oracle's headroom, perplexity, zero-shot and "
+          "long inputs per rule, and the long-input fix decided from the intervals", policies_output, policies_argv,
+          lambda b: b.policies is not None, finish=finish_policies, optional=True),
 ]
 
 

@@ -1,0 +1,114 @@
+"""The policies stage: how good is the paper's rule, and which rule to use on long inputs?
+
+At the budget's levels, on the study's own plans (OrthoRank's layers and keep ratio for every rule, so every
+rule has OrthoRank's compute; the oracle runs its selection layers densely to choose and is never a speed-up):
+
+- `compare --policies ... --zeroshot`: perplexity on every domain and zero-shot accuracy per rule, paired against
+  the paper's rule and against SLEB, and the headroom table, the share of the oracle's gain over random selection a
+  rule captures, (ppl_random - ppl_rule) / (ppl_random - ppl_oracle), with its interval;
+- `longctx --policies ...` (the offline suite at the budget's lengths) and `longbench --policies ...` (the first
+  examples of multi_news), paired against SLEB and the paper's rule;
+- the decision of `study.long_inputs` from those intervals: which variant is a long-input fix (not worse than SLEB
+  on every long-context row, not worse than the paper's rule on WikiText-2 and C4) and whether the default moves.
+
+DIR/policies/<level>/ holds each command's output and policy-choice.{md,json}; DIR/policies/policies.{md,json}
+gathers them (the stage is finished when policies.json exists). It runs only when named (`--stages policies`):
+hours per model.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from orthorank.method.plan_store import sparsity_label
+
+if TYPE_CHECKING:
+    from orthorank.study.stages import StudyContext
+
+# the rules a serving engine could compute, the paper's ablations, and the oracle (the bound)
+RULES = ("random", "inverse", "oracle", "norm", "attention", "prev-update")
+# modifiers of the paper's rule that keep a prompt's end updated (the long-input candidates)
+RECENT = ("orthogonal+recent=8", "orthogonal+recent=64", "orthogonal+recent=256")
+
+
+@dataclass(frozen=True)
+class PolicyBudget:
+    lengths: str  # the offline suite's prompt lengths
+    samples: int  # per suite task and length
+    tasks: tuple[str, ...]  # suite tasks
+    longbench_limit: int  # first multi_news examples
+    levels: tuple[float, ...] = (0.1, 0.2)
+    policies: tuple[str, ...] = RULES + RECENT
+    longbench_max_length: int | None = None  # prompt tokens before middle truncation (None: the model's context)
+
+    def caption(self) -> str:
+        return (f"long inputs: {', '.join(self.tasks)} at {self.lengths} tokens, {self.samples} samples per task "
+                f"and length; LongBench multi_news, the first {self.longbench_limit} examples (a slice)")
+
+
+def level_dir(ctx: StudyContext, level: float) -> Path:
+    return ctx.out / "policies" / sparsity_label(level)
+
+
+def policies_output(ctx: StudyContext) -> Path:
+    return ctx.out / "policies" / "policies.json"
+
+
+def policies_argv(ctx: StudyContext) -> list[list[str]]:
+    from orthorank.study.stages import DOMAINS, ZEROSHOT_TASKS
+
+    b, p = ctx.budget, ctx.budget.policies
+    specs = ",".join(p.policies)
+    cmds = []
+    for level in p.levels:
+        d, lv = level_dir(ctx, level), sparsity_label(level)
+        rows = ["--methods", "dense,sleb,orthorank", "--sparsity", lv, "--plans-dir", str(ctx.plans_dir)]
+        cmds += [
+            ["compare", *ctx.common, *ctx.data, *rows, "--datasets", ",".join(DOMAINS), "--seq-len",
+             str(b.ppl_seq_len), "--max-windows", str(b.ppl_windows), "--policies", specs, "--zeroshot", "--tasks",
+             ",".join(ZEROSHOT_TASKS), "--limit", str(b.zeroshot_limit), *ctx.store_args(),
+             "--out", str(d / "compare"), "--overwrite"],
+            ["longctx", *ctx.common, *ctx.data, *rows, "--lengths", p.lengths, "--samples", str(p.samples),
+             "--tasks", ",".join(p.tasks), "--decode", "dense", "--policies", specs, *ctx.store_args(),
+             "--out", str(d / "longctx"), "--overwrite"],
+            ["longbench", *ctx.common, *ctx.data, *rows, "--tasks", "multi_news", "--limit", str(p.longbench_limit),
+             "--decode", "dense", "--policies", specs,
+             *(["--max-length", str(p.longbench_max_length)] if p.longbench_max_length else []),
+             *ctx.store_args(), "--out", str(d / "longbench"), "--overwrite"],
+        ]
+    return cmds
+
+
+def finish_policies(ctx: StudyContext) -> dict[str, Any]:
+    """Decide per level from the three results, and gather the headroom tables and the decisions."""
+    from orthorank.results import atomic_write_text
+    from orthorank.study.long_inputs import decide, markdown
+
+    b = ctx.budget
+    levels, lines = {}, [f"# Selection policies: {ctx.model_name}", "",
+                         f"{b.caption()}; {b.policies.caption()}. Every rule runs on OrthoRank's own plan at each "
+                         "level (its layers and keep ratio: equal compute), except the oracle, which runs the "
+                         "selection layers densely to choose (an upper bound, never a speed-up).", ""]
+    for level in b.policies.levels:
+        d = level_dir(ctx, level)
+        compare = json.loads((d / "compare" / "compare.json").read_text())
+        longctx = json.loads((d / "longctx" / "longctx.json").read_text())
+        longbench = json.loads((d / "longbench" / "longbench.json").read_text())
+        result = decide(compare, [longctx], longbench, level)
+        caption = (f"Selection policies at {level:g} on {ctx.model_name}: perplexity ratio to the paper's rule "
+                   f"({b.ppl_windows} windows of {b.ppl_seq_len} tokens per domain); paired difference to SLEB on "
+                   f"the long-context suite and LongBench ({b.policies.caption()}); paired 95% intervals, ** = "
+                   "excludes no difference.")
+        text = markdown(result, caption)
+        atomic_write_text(d / "policy-choice.md", text + "\n")
+        atomic_write_text(d / "policy-choice.json", json.dumps(result, indent=1) + "\n")
+        levels[sparsity_label(level)] = {"headroom": compare.get("headroom"), "choice": result,
+                                         "worst_domain": compare.get("worst_domain")}
+        lines += [f"## {level:g} sparsity", "", (d / "compare" / "compare.md").read_text().strip(), "", text, ""]
+    atomic_write_text(ctx.out / "policies" / "policies.md", "\n".join(lines).rstrip() + "\n")
+    data = {"model": ctx.model_name, "budget": b.name, "levels": levels}
+    atomic_write_text(policies_output(ctx), json.dumps(data, indent=1, default=str) + "\n")
+    return data
