@@ -18,10 +18,10 @@ from orthorank.errors import UserError
 from orthorank.method.plan_store import PLANS_DIR, plan_relpath, sparsity_label
 from orthorank.study.budgets import Budget
 from orthorank.study.headroom import finish_policies, policies_argv, policies_output
-from orthorank.study.transfer import after_command, render_matrix, transfer_argv, transfer_done, transfer_output
+from orthorank.study.transfer import (DOMAINS, after_command, render_matrix, transfer_argv, transfer_done,
+                                      transfer_output)
 
 SEARCHED = ("sleb", "shortgpt", "shortened-ppl", "orthorank")  # every method's plan, at every budget level
-DOMAINS = ("wikitext2", "c4", "code", "news")
 THRESHOLD = "+decode=threshold"  # the plan's own policy with the threshold decode policy: one more OrthoRank row
 ZEROSHOT_TASKS = ("piqa", "winogrande", "hellaswag", "arc_easy", "arc_challenge")
 
