@@ -281,3 +281,18 @@ def test_calibrate_default_is_the_calibration_the_transfer_matrix_chooses():
     chosen = next(s for s in ISSUE_SETTINGS if s.name == matrix["default_calibration"]["chosen"])
     assert (DEFAULT_CALIB_DATA, DEFAULT_CALIB_TOKENS) == (chosen.source, chosen.tokens)
 
+
+
+def test_long_context_stage_batches_one_task_per_generate_call(tmp_path):
+    """The suite lists items task by task, so a batch that divides the samples per task never mixes tasks; the
+    batched rows equal single prompts (test_longctx.test_padded_batch_generation_equals_single_prompts)."""
+    from orthorank.study.budgets import get_budget
+    from orthorank.study.stages import StudyContext, _longctx_argv, task_aligned_batch
+
+    assert [task_aligned_batch(n) for n in (1, 2, 6, 7, 20, 50, 64)] == [1, 2, 6, 7, 5, 5, 8]
+    for name in ("quick", "standard", "full"):
+        budget = get_budget(name)
+        ctx = StudyContext("m", "m", tmp_path / name, budget, [], [], None, tmp_path)
+        for cmd in _longctx_argv(ctx):
+            batch = int(cmd[cmd.index("--batch-size") + 1])
+            assert budget.longctx_samples % batch == 0 and 1 < batch <= 8

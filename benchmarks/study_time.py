@@ -1,0 +1,111 @@
+"""The study's wall time per stage: one run, recorded, and runs set side by side (issue: evidence that costs less).
+
+    # time a study from scratch (a fresh folder and result store: nothing is read from earlier runs)
+    .venv/bin/python benchmarks/study_time.py run --budget quick --label after --out benchmarks/results/study-time
+    # record a study folder that has already run from scratch (its stage-seconds.json), e.g. at an older commit
+    .venv/bin/python benchmarks/study_time.py record --folder /tmp/quick-before --label before --commit ce82535 \
+        --wall 431 --out benchmarks/results/study-time
+    # the table: every label's seconds per stage, and each label against the first
+    .venv/bin/python benchmarks/study_time.py table benchmarks/results/study-time
+
+Each JSON holds the budget, the seconds per stage, the wall time, the load average before the run, the versions,
+device and git commit (results.environment). Compare runs made on the same machine, one at a time: the machines
+are shared and a second job on the two cores doubles every stage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _write(out: Path, label: str, budget: str, seconds: dict, wall: float, extra: dict) -> Path:
+    from orthorank.results import write_json
+
+    path = out / f"{budget}-{label}.json"
+    payload = {"label": label, "budget": budget, "stage_seconds": seconds, "wall_s": round(wall, 1),
+               "load_average_before": list(os.getloadavg()), **extra}
+    write_json(path, payload, overwrite=True)
+    print(f"wrote {path}: {json.dumps(seconds)}, wall {wall:.0f} s")
+    return path
+
+
+def run(args) -> None:
+    folder = Path(tempfile.mkdtemp(prefix="study-time-"))
+    load = list(os.getloadavg())
+    cmd = [str(ROOT / ".venv" / "bin" / "orthorank"), "study", "--model", args.model, "--budget", args.budget,
+           "--out", str(folder / "study"), *args.extra]
+    started = time.perf_counter()
+    try:
+        subprocess.run(cmd, check=True, cwd=ROOT)
+        wall = time.perf_counter() - started
+        seconds = json.loads((folder / "study" / "stage-seconds.json").read_text())
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    _write(Path(args.out), args.label, args.budget, seconds, wall,
+           {"model": args.model, "command": cmd[1:], "load_average_before": load})
+
+
+def record(args) -> None:
+    folder = Path(args.folder)
+    seconds = json.loads((folder / "stage-seconds.json").read_text())
+    found = folder / "study-manifest.json"
+    manifest = json.loads(found.read_text()) if found.is_file() else {}
+    _write(Path(args.out), args.label, manifest.get("budget", args.budget), seconds, args.wall,
+           {"model": manifest.get("model"), "recorded_from": str(folder), "run_at_commit": args.commit,
+            "note": "recorded after the run: the environment below is the recording's, the run's commit is "
+                    "run_at_commit"})
+
+
+def table(args) -> None:
+    runs = [json.loads(p.read_text()) for p in sorted(Path(args.folder).glob("*.json"))]
+    for budget in sorted({r["budget"] for r in runs}):
+        rows = sorted((r for r in runs if r["budget"] == budget), key=lambda r: r["environment"]["time_utc"])
+        stages = list(dict.fromkeys(s for r in rows for s in r["stage_seconds"]))
+        head = "| stage | " + " | ".join(f"{r['label']} (s)" for r in rows) + " | " + \
+               " | ".join(f"{r['label']} / {rows[0]['label']}" for r in rows[1:]) + " |"
+        print(f"Study time per stage, budget {budget}, {rows[0].get('model')} (fresh result store each run)\n")
+        print(head)
+        print("|" + "---|" * (1 + 2 * len(rows) - 1))
+        for s in stages + ["wall"]:
+            vals = [r["wall_s"] if s == "wall" else r["stage_seconds"].get(s) for r in rows]
+            ratios = [f"{v / vals[0]:.2f}" if v and vals[0] else "-" for v in vals[1:]]
+            print(f"| {s} | " + " | ".join("-" if v is None else f"{v:.0f}" for v in vals) + " | "
+                  + " | ".join(ratios) + " |")
+        print()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("--model", default="smollm2-135m")
+    r.add_argument("--budget", default="quick")
+    r.add_argument("--label", required=True)
+    r.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "study-time"))
+    r.add_argument("extra", nargs="*", help="more study flags, after --")
+    c = sub.add_parser("record")
+    c.add_argument("--folder", required=True)
+    c.add_argument("--label", required=True)
+    c.add_argument("--budget", default="quick")
+    c.add_argument("--commit", required=True, help="the commit the recorded run used")
+    c.add_argument("--wall", type=float, required=True, help="the run's wall time in seconds")
+    c.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "study-time"))
+    t = sub.add_parser("table")
+    t.add_argument("folder")
+    args = p.parse_args(argv)
+    {"run": run, "record": record, "table": table}[args.cmd](args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
