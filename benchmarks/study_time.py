@@ -67,21 +67,28 @@ def record(args) -> None:
 
 
 def table(args) -> None:
+    """Prints the table and writes it to FOLDER/study-time.md (docs/study.md quotes it)."""
+    from orthorank.results import atomic_write_text
+
     runs = [json.loads(p.read_text()) for p in sorted(Path(args.folder).glob("*.json"))]
+    lines = []
     for budget in sorted({r["budget"] for r in runs}):
         rows = sorted((r for r in runs if r["budget"] == budget), key=lambda r: r["environment"]["time_utc"])
         stages = list(dict.fromkeys(s for r in rows for s in r["stage_seconds"]))
-        head = "| stage | " + " | ".join(f"{r['label']} (s)" for r in rows) + " | " + \
-               " | ".join(f"{r['label']} / {rows[0]['label']}" for r in rows[1:]) + " |"
-        print(f"Study time per stage, budget {budget}, {rows[0].get('model')} (fresh result store each run)\n")
-        print(head)
-        print("|" + "---|" * (1 + 2 * len(rows) - 1))
+        lines += [f"Study time per stage, budget {budget}, {rows[0].get('model')}, 2 cores, one run each, a fresh "
+                  f"result store each run (labels: {', '.join(r['label'] + ' at ' + str(r.get('run_at_commit') or r['environment']['git_commit'])[:7] for r in rows)})", "",
+                  "| stage | " + " | ".join(f"{r['label']} (s)" for r in rows) + " | "
+                  + " | ".join(f"{r['label']} / {rows[0]['label']}" for r in rows[1:]) + " |",
+                  "|" + "---|" * (2 * len(rows))]
         for s in stages + ["wall"]:
             vals = [r["wall_s"] if s == "wall" else r["stage_seconds"].get(s) for r in rows]
             ratios = [f"{v / vals[0]:.2f}" if v and vals[0] else "-" for v in vals[1:]]
-            print(f"| {s} | " + " | ".join("-" if v is None else f"{v:.0f}" for v in vals) + " | "
-                  + " | ".join(ratios) + " |")
-        print()
+            lines.append(f"| {s} | " + " | ".join("-" if v is None else f"{v:.0f}" for v in vals) + " | "
+                         + " | ".join(ratios) + " |")
+        lines.append("")
+    text = "\n".join(lines)
+    print(text)
+    atomic_write_text(Path(args.folder) / "study-time.md", text)
 
 
 def main(argv: list[str] | None = None) -> int:
