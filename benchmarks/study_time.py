@@ -32,8 +32,7 @@ def _write(out: Path, label: str, budget: str, seconds: dict, wall: float, extra
     from orthorank.results import write_json
 
     path = out / f"{budget}-{label}.json"
-    payload = {"label": label, "budget": budget, "stage_seconds": seconds, "wall_s": round(wall, 1),
-               "load_average_before": list(os.getloadavg()), **extra}
+    payload = {"label": label, "budget": budget, "stage_seconds": seconds, "wall_s": round(wall, 1), **extra}
     write_json(path, payload, overwrite=True)
     print(f"wrote {path}: {json.dumps(seconds)}, wall {wall:.0f} s")
     return path

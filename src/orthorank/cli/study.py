@@ -109,9 +109,9 @@ def study_dtype(requested: str, device: str | None) -> str:
     bfloat16 on a GPU). A study folder records the dtype it ran in."""
     import torch
 
-    from orthorank.models.loading import cpu_multiplies_bf16
+    from orthorank.models.loading import cpu_multiplies_bf16, default_device
 
-    on_cpu = (device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cpu")
+    on_cpu = (torch.device(device) if device else default_device()).type == "cpu"
     if requested == "auto" and on_cpu and cpu_multiplies_bf16():
         print("study: dtype auto -> bfloat16 (this CPU multiplies bfloat16 natively; --dtype float32 for float32)",
               file=sys.stderr)
