@@ -7,6 +7,9 @@
         --wall 431 --out benchmarks/results/study-time
     # the table: every label's seconds per stage, and each label against the first
     .venv/bin/python benchmarks/study_time.py table benchmarks/results/study-time
+    # what committed studies cost: their stage seconds and the searches behind their plans
+    .venv/bin/python benchmarks/study_time.py costs studies/smollm2-135m studies/gemma3-270m \
+        --out benchmarks/results/study-time/costs.md
 
 Each JSON holds the budget, the seconds per stage, the wall time, the load average before the run, the versions,
 device and git commit (results.environment). Compare runs made on the same machine, one at a time: the machines
@@ -90,6 +93,50 @@ def table(args) -> None:
     atomic_write_text(Path(args.folder) / "study-time.md", text)
 
 
+def _plan_searches(folder: Path) -> dict[str, float]:
+    """Seconds of each search behind a study's plans (one search gives both levels), from the plans' provenance."""
+    listed = json.loads((folder / "plans" / "plans.json").read_text()) if (folder / "plans" / "plans.json").is_file() \
+        else {"plans": {}}
+    plans = list(listed["plans"].values())
+    plans_dir = ROOT / listed.get("plans_dir", "")
+    if listed.get("plans_dir"):
+        plans += [json.loads(f.read_text()) for f in sorted(plans_dir.glob("hybrid-0.*.json"))]
+    found: dict[str, float] = {}
+    for plan in plans:
+        prov = plan.get("provenance", {})
+        if prov.get("search_seconds") is not None:
+            found[prov.get("search", plan.get("method"))] = float(prov["search_seconds"])
+    return found
+
+
+def costs(args) -> None:
+    """What each committed study cost on its machine: the study's own stage seconds (its runs reuse the result store
+    where earlier runs computed the same windows, so a stage can cost less than from scratch) and the searches behind
+    its plans (run once per model and kept in plans/<model>/)."""
+    from orthorank.results import atomic_write_text
+
+    lines = []
+    for folder in map(Path, args.folders):
+        manifest = json.loads((folder / "study-manifest.json").read_text())
+        stages = json.loads((folder / "stage-seconds.json").read_text())
+        searches = _plan_searches(folder)
+        optional = {k: v for k, v in stages.items() if k in ("transfer", "policies")}
+        core = {k: v for k, v in stages.items() if k not in optional}
+        lines += [f"{manifest['model']}, budget {manifest['budget']}, {manifest['dtype']}, 2 cores "
+                  f"(`{folder}/stage-seconds.json`, the plans' provenance):", "",
+                  "| part | seconds | hours |", "|---|---|---|"]
+        lines += [f"| stage {k} | {v:.0f} | {v / 3600:.2f} |" for k, v in core.items()]
+        lines.append(f"| **stages** | **{sum(core.values()):.0f}** | **{sum(core.values()) / 3600:.2f}** |")
+        lines += [f"| search {k} (both levels) | {v:.0f} | {v / 3600:.2f} |" for k, v in searches.items()]
+        lines.append(f"| **searches** | **{sum(searches.values()):.0f}** | **{sum(searches.values()) / 3600:.2f}** |")
+        if optional:  # resumed across sessions: its last run's seconds are not its cost (docs/transfer.md has that)
+            lines += ["", f"Optional stages not counted: {', '.join(optional)}."]
+        lines.append("")
+    text = "\n".join(lines)
+    print(text)
+    atomic_write_text(Path(args.out), text)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -108,8 +155,11 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "study-time"))
     t = sub.add_parser("table")
     t.add_argument("folder")
+    k = sub.add_parser("costs")
+    k.add_argument("folders", nargs="+")
+    k.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "study-time" / "costs.md"))
     args = p.parse_args(argv)
-    {"run": run, "record": record, "table": table}[args.cmd](args)
+    {"run": run, "record": record, "table": table, "costs": costs}[args.cmd](args)
     return 0
 
 
