@@ -308,3 +308,28 @@ def test_study_runs_in_bfloat16_where_the_cpu_multiplies_it_natively(monkeypatch
     assert study.study_dtype("auto", "cuda") == "auto"  # a GPU's auto is bfloat16 already
     monkeypatch.setattr(loading, "cpu_multiplies_bf16", lambda: False)
     assert study.study_dtype("auto", "cpu") == "auto"  # emulated bfloat16 is slower than float32
+
+
+def test_study_costs_sum_the_stage_seconds_and_each_search_once(tmp_path):
+    """benchmarks/study_time.py costs: stage seconds from the folder, each plan search once (both levels share it),
+    optional stages named but not counted (their last run resumed earlier ones)."""
+    import importlib.util
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("study_time", root / "benchmarks" / "study_time.py")
+    study_time = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(study_time)
+    folder, plans_dir = tmp_path / "study", tmp_path / "plans"
+    (folder / "plans").mkdir(parents=True)
+    plans_dir.mkdir()
+    (folder / "study-manifest.json").write_text(json.dumps({"model": "m", "budget": "standard", "dtype": "float32"}))
+    (folder / "stage-seconds.json").write_text(json.dumps({"sink": 10, "perplexity": 90, "transfer": 5}))
+    plan = lambda search, s: {"method": search, "provenance": {"search": search, "search_seconds": s}}  # noqa: E731
+    (folder / "plans" / "plans.json").write_text(json.dumps({"plans_dir": str(plans_dir), "plans": {
+        "sleb-0.1": plan("sleb", 100), "sleb-0.2": plan("sleb", 100), "orthorank-0.2": plan("orthorank", 50)}}))
+    (plans_dir / "hybrid-0.2.json").write_text(json.dumps(plan("hybrid", 1000)))
+    out = tmp_path / "costs.md"
+    study_time.main(["costs", str(folder), "--out", str(out)])
+    text = out.read_text()
+    assert "| **stages** | **100** |" in text and "| **searches** | **1150** |" in text
+    assert "Optional stages not counted: transfer." in text
