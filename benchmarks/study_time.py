@@ -95,8 +95,8 @@ def table(args) -> None:
 
 def _plan_searches(folder: Path) -> dict[str, float]:
     """Seconds of each search behind a study's plans (one search gives both levels), from the plans' provenance."""
-    listed = json.loads((folder / "plans" / "plans.json").read_text()) if (folder / "plans" / "plans.json").is_file() \
-        else {"plans": {}}
+    path = folder / "plans" / "plans.json"
+    listed = json.loads(path.read_text()) if path.is_file() else {"plans": {}}
     plans = list(listed["plans"].values())
     plans_dir = ROOT / listed.get("plans_dir", "")
     if listed.get("plans_dir"):
@@ -114,13 +114,15 @@ def costs(args) -> None:
     where earlier runs computed the same windows, so a stage can cost less than from scratch) and the searches behind
     its plans (run once per model and kept in plans/<model>/)."""
     from orthorank.results import atomic_write_text
+    from orthorank.study.stages import stage_names
 
+    always = set(stage_names(optional=False))
     lines = []
     for folder in map(Path, args.folders):
         manifest = json.loads((folder / "study-manifest.json").read_text())
         stages = json.loads((folder / "stage-seconds.json").read_text())
         searches = _plan_searches(folder)
-        optional = {k: v for k, v in stages.items() if k in ("transfer", "policies")}
+        optional = {k: v for k, v in stages.items() if k not in always}
         core = {k: v for k, v in stages.items() if k not in optional}
         lines += [f"{manifest['model']}, budget {manifest['budget']}, {manifest['dtype']}, 2 cores "
                   f"(`{folder}/stage-seconds.json`, the plans' provenance):", "",
