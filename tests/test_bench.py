@@ -470,3 +470,18 @@ def test_bench_takes_several_lengths_and_times_attention_alone(tmp_path):
     from orthorank.method import attention_split
 
     assert (layer["split_fraction_of_causal"] > 0) == attention_split.available()
+
+
+def test_decode_floor_script_tiny(tmp_path):
+    """benchmarks/decode_floor.py on a 2-layer shape: the bound, the GEMV floors, the read rate and the eager step of
+    one configuration in its JSON, and the folder's table rendered from every JSON there."""
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "decode_floor.py"), "--model",
+                           "smollm2-135m-shape", "--num-layers", "2", "--batch", "1,2", "--rounds", "1", "--threads", "1",
+                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads((tmp_path / "smollm2-135m-shape-float32-1t.json").read_text())
+    assert [r["batch"] for r in result["rows"]] == [1, 2] and result["environment"]["git_commit"]
+    row = result["rows"][0]
+    assert row["linear_calls"] == 2 * 7 + 1 and row["bound_tokens_s"] > 0
+    assert all(row[f"{k}_tokens_s"] > 0 for k in ("gemv_floor", "gemv_transposed", "eager"))
+    assert (tmp_path / "decode-floor.md").read_text().count("| smollm2-135m-shape |") == 2
