@@ -44,7 +44,8 @@ def format_run(run: dict[str, Any]) -> str:
              f"{'best':>6} {'vs rm':>6} {'ideal':>6} {'% ideal':>7} {'peak mem':>10}"]
     for m in run["methods"]:
         mem = m["memory"]
-        peak = mem.get("peak_allocated_mib", mem.get("peak_above_start_mib", mem.get("process_peak_rss_mib")))
+        peak = mem.get("peak_allocated_mib", mem.get("peak_above_model_mib", mem.get("peak_above_start_mib",
+                                                                               mem.get("process_peak_rss_mib"))))
         lines.append(
             f"  {m['method']:<10} {m['changed_layers']:>6} {m['timing']['median_s'] * 1e3:>11.1f} "
             f"{m['timing']['spread_pct']:>6.1f}% {m['tokens_per_s']:>11.1f} {_f(m['speedup_vs_dense'], '.3f'):>8} "
