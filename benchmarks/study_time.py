@@ -128,7 +128,8 @@ def costs(args) -> None:
                   f"(`{folder}/stage-seconds.json`, the plans' provenance):", "",
                   "| part | seconds | hours |", "|---|---|---|"]
         lines += [f"| stage {k} | {v:.0f} | {v / 3600:.2f} |" for k, v in core.items()]
-        lines.append(f"| **stages** | **{sum(core.values()):.0f}** | **{sum(core.values()) / 3600:.2f}** |")
+        lines.append(f"| **stages** | **{sum(core.values()):.0f}** | **{sum(core.values()) / 3600:.2f}** |" if core else
+                     "| stages | not recorded yet: a study writes its stage seconds when its last stage ends | |")
         lines += [f"| search {k} (both levels) | {v:.0f} | {v / 3600:.2f} |" for k, v in searches.items()]
         lines.append(f"| **searches** | **{sum(searches.values()):.0f}** | **{sum(searches.values()) / 3600:.2f}** |")
         if optional:  # resumed across sessions: its last run's seconds are not its cost (docs/transfer.md has that)
