@@ -491,7 +491,14 @@ def test_bench_rows_record_the_peak_above_the_loaded_model(tmp_path):
     """A timed run that reuses heap pages its warm-up left resident grows the resident set by nothing after the
     per-run reset (the 0 MB rows of Gemma's 1k prefill); each row also holds its peak above the model as loaded,
     which covers those pages, and the printed table shows that one."""
-    data = _bench(tmp_path, "--mode", "prefill", "--methods", "dense,spread-prune")
+    out = tmp_path / "bench.json"  # a fresh process: this one's heap, grown by earlier tests, would hide the run's
+    proc = subprocess.run([sys.executable, "-m", "orthorank.cli.main", "bench", "--model", "smollm2-135m-shape",
+                           "--num-layers", "4", "--device", "cpu", "--sparsity", "0.25", "--seq-len", "256", "--warmup",
+                           "1", "--repeats", "2", "--mode", "prefill", "--methods", "dense,spread-prune", "--json",
+                           str(out)], capture_output=True, text=True, timeout=600, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads(out.read_text())
     for m in data["runs"][0]["methods"]:
         mem = m["memory"]
         if "peak_above_start_mib" in mem:  # Linux: VmHWM can be reset
