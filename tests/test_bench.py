@@ -112,7 +112,8 @@ def test_bench_cli_prefill_decode_layer(tmp_path):
         assert methods["spread-orthorank"]["changed_layers"] == n_sel
         assert methods["dense"]["speedup_vs_dense"] == pytest.approx(1.0)
         assert methods["spread-prune"]["throughput_vs_layer_removal"] == pytest.approx(1.0)
-        assert methods["spread-prune"]["ideal_speedup"] == pytest.approx(4 / 3)
+        if mode == "prefill":  # decode's ideal counts the LM head (test_decode_ideal_counts_the_lm_head_every_...)
+            assert methods["spread-prune"]["ideal_speedup"] == pytest.approx(4 / 3)
         for m in methods.values():
             t = m["timing"]
             assert len(t["times_s"]) == 2 and t["min_s"] <= t["median_s"] <= t["max_s"] and t["spread_pct"] >= 0
@@ -430,7 +431,10 @@ def test_bench_threshold_decode_has_an_ideal_at_the_updated_share(tmp_path):
     assert plain["ideal_speedup"] == 1.0 and "decoded_tokens_updated" not in plain
     u, n, f = thr["decoded_tokens_updated"], len(thr["layers"]), data["f_kv"]
     assert 0.0 <= u <= 1.0
-    assert thr["ideal_speedup"] == pytest.approx(4 / (4 - n + n * selective_layer_cost(f, u)))
+    from orthorank.bench.costmodel import with_fixed_share
+
+    layers_only = 4 / (4 - n + n * selective_layer_cost(f, u))
+    assert thr["ideal_speedup"] == pytest.approx(with_fixed_share(layers_only, decode["head_share"]))
     assert thr["pct_of_ideal"] > 0
 
 
@@ -503,3 +507,21 @@ def test_bench_rows_record_the_peak_above_the_loaded_model(tmp_path):
         mem = m["memory"]
         if "peak_above_start_mib" in mem:  # Linux: VmHWM can be reset
             assert mem["peak_above_model_mib"] >= mem["peak_above_start_mib"] and mem["peak_above_model_mib"] > 0
+
+
+def test_decode_ideal_counts_the_lm_head_every_method_reads(tmp_path):
+    """A decode step reads the whole LM head whatever the plan, so removing n of L layers cannot speed it up by
+    L / (L - n): the ideal is Amdahl's with the head's share of the step's weight bytes (Gemma 3 270M: 63%)."""
+    from orthorank.bench.bandwidth import decode_head_share
+    from orthorank.bench.costmodel import with_fixed_share
+    from orthorank.models.loading import load_model
+
+    assert with_fixed_share(2.0, 0.0) == 2.0 and with_fixed_share(2.0, 1.0) == 1.0 and with_fixed_share(None, 0.5) is None
+    assert with_fixed_share(4 / 3, 0.5) == pytest.approx(1 / (0.5 * 0.75 + 0.5))
+    share = decode_head_share(load_model("smollm2-135m-shape", device="cpu", dtype="float32", num_layers=4).model)
+    assert 0.5 < share < 0.9  # a 4-layer shape keeps the full 49k-word head
+    data = _bench(tmp_path, "--mode", "prefill,decode", "--new-tokens", "2", "--methods", "dense,spread-prune")
+    runs = {r["mode"]: {m["method"]: m for m in r["methods"]} for r in data["runs"]}
+    assert runs["prefill"]["spread-prune"]["ideal_speedup"] == pytest.approx(4 / 3)
+    assert runs["decode"]["spread-prune"]["ideal_speedup"] == pytest.approx(1 / ((1 - share) * 0.75 + share))
+    assert runs["decode"]["dense"]["ideal_speedup"] == pytest.approx(1.0)

@@ -86,6 +86,12 @@ def decode_step_bytes(model: nn.Module, removed: Iterable[int] = (), batch: int 
     return {"weights": weights, "kv_cache": kv, "total": weights + kv}
 
 
+def decode_head_share(model: nn.Module) -> float:
+    """The LM head's share of the weight bytes a dense decode step reads: the part of the step no plan changes."""
+    head = model.get_output_embeddings()
+    return _bytes(head) / decode_step_bytes(model)["weights"] if head is not None else 0.0
+
+
 def decode_bound(step_bytes: dict[str, int], batch: int, bandwidth: float) -> float:
     """Tokens per second no decode at this batch can beat on this memory bandwidth."""
     return batch * bandwidth / step_bytes["total"]

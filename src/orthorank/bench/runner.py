@@ -15,9 +15,9 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from orthorank.bench.bandwidth import decode_bound, decode_step_bytes, process_bandwidth
+from orthorank.bench.bandwidth import decode_bound, decode_head_share, decode_step_bytes, process_bandwidth
 from orthorank.bench.costmodel import (
-    flop_layer_cost, ideal_speedup, kv_fraction, selective_layer_cost, spread_layers,
+    flop_layer_cost, ideal_speedup, kv_fraction, selective_layer_cost, spread_layers, with_fixed_share,
 )
 from orthorank.bench.timing import (
     current_memory_mib, peak_memory, reset_peak_memory, summarize, synchronize, time_call,
@@ -320,6 +320,7 @@ def run_methods(model: nn.Module, specs: list[MethodSpec], settings: RunSettings
               if settings.mode == "decode" and m.spec.kind in ("orthorank", "hybrid")
               and (m.spec.selection or SelectionConfig()).decode == "threshold"}
     stats = {m.spec.name: summarize(m.times) for m in measured}
+    head_share = decode_head_share(model) if settings.mode == "decode" else 0.0
     dense_t = next((stats[m.spec.name]["median_s"] for m in measured if m.spec.kind == "dense"), None)
     prune_t = next((stats[m.spec.name]["median_s"] for m in measured if m.spec.kind == "prune"), None)
     dense_min = next((stats[m.spec.name]["min_s"] for m in measured if m.spec.kind == "dense"), None)
@@ -343,6 +344,8 @@ def run_methods(model: nn.Module, specs: list[MethodSpec], settings: RunSettings
             ideal = ideal_speedup(s.kind, num_layers, len(s.layers), f_kv, sel.ratio, settings.mode, sel.decode,
                                   cost)
             ideal_w = ideal_speedup(s.kind, num_layers, len(s.layers), f_kv, sel.ratio, settings.mode, sel.decode)
+        # decode is bound by the bytes a step reads, and every method reads the whole LM head each step
+        ideal, ideal_w = with_fixed_share(ideal, head_share), with_fixed_share(ideal_w, head_share)
         speedup = dense_t / st["median_s"] if dense_t else None
         arch = Arch.from_config(model.config, num_layers)
         if s.kind == "hybrid":
@@ -404,6 +407,8 @@ def run_methods(model: nn.Module, specs: list[MethodSpec], settings: RunSettings
         "new_tokens": settings.new_tokens if settings.mode == "decode" else None,
         "use_cache": True if settings.mode == "decode" else settings.use_cache,
         **({"decode_impl": settings.decode_impl} if settings.mode == "decode" else {}),
+        # the LM head's share of a dense decode step's weight bytes, in every decode row's ideal
+        **({"head_share": round(head_share, 6)} if settings.mode == "decode" else {}),
         "tokens_per_run": tokens,
         "warmup": settings.warmup,
         "repeats": settings.repeats,
