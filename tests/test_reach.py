@@ -374,3 +374,47 @@ def test_threshold_decode_compacts_rows_exactly(monkeypatch, padded, attn):
     assert len(compacted) == n_fast
     for a, b in zip(fast, ref):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3", "mistral"])
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_one_sequence_threshold_step_equals_the_general_path(monkeypatch, family, attn):
+    """At batch 1 a threshold decode step decides its token with one comparison and runs the dense layer or only
+    its K/V; the kept/bypassed decisions, every step's logits and the cache equal the general selective path's."""
+    from orthorank.bench.runner import _cache_kwarg, _output_cache
+    from orthorank.method.layer import SelectiveLayer
+
+    m = tiny_model(family, attn=attn)
+    apply_orthorank(m, [1, 2], SelectionConfig(ratio=0.3, decode="threshold"))
+    ids = _ids(1, 24)
+    taken = []
+    real_step = SelectiveLayer._threshold_step
+
+    def spy(self, *a, **k):
+        out = real_step(self, *a, **k)
+        taken.append(int(self.last_keep.sum()))
+        return out
+
+    monkeypatch.setattr(SelectiveLayer, "_threshold_step", spy)
+
+    def run(fast: bool):
+        monkeypatch.setattr(SelectiveLayer, "fast_threshold_step", fast)
+        out = m(ids, use_cache=True)
+        cache, kw = _output_cache(out), _cache_kwarg(m)
+        steps, keeps, nxt = [], [], out.logits[:, -1:].argmax(-1)
+        for _ in range(10):
+            out = m(nxt, use_cache=True, **{kw: cache})
+            cache = _output_cache(out)
+            steps.append(out.logits[:, -1])
+            keeps.append([int(selective(m.model.layers[i]).last_keep.sum()) for i in (1, 2)])
+            nxt = out.logits[:, -1:].argmax(-1)
+        return steps, keeps, cache
+
+    fast, fast_keeps, fast_cache = run(True)
+    assert len(taken) == 20 and 0 < sum(taken) < 20  # every step took the fast path; some kept, some bypassed
+    ref, ref_keeps, ref_cache = run(False)
+    assert len(taken) == 20 and fast_keeps == ref_keeps
+    for a, b in zip(fast, ref):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    for i in range(4):
+        assert fast_cache.get_seq_length(i) == ref_cache.get_seq_length(i) == 34
