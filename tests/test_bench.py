@@ -525,3 +525,20 @@ def test_decode_ideal_counts_the_lm_head_every_method_reads(tmp_path):
     assert runs["prefill"]["spread-prune"]["ideal_speedup"] == pytest.approx(4 / 3)
     assert runs["decode"]["spread-prune"]["ideal_speedup"] == pytest.approx(1 / ((1 - share) * 0.75 + share))
     assert runs["decode"]["dense"]["ideal_speedup"] == pytest.approx(1.0)
+
+
+def test_decode_step_parts_script_tiny(tmp_path):
+    """benchmarks/decode_step_parts.py on a 2-layer shape: every setup's step time against dense, and the ideals of
+    the two forced outcomes, in its JSON."""
+    out = tmp_path / "parts.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "decode_step_parts.py"), "--model",
+                           "smollm2-135m-shape", "--num-layers", "2", "--layers", "1", "--context", "16", "--steps",
+                           "2", "--rounds", "1", "--threads", "1", "--out", str(out)],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    rows = {r["setup"]: r for r in result["rows"]}
+    assert set(rows) == {"dense", "keep-all", "keep-none", "threshold", "keep-all/general", "keep-none/general",
+                         "threshold/general"} and rows["dense"]["vs_dense"] == 1.0
+    assert rows["keep-all"]["ideal_vs_dense"] == 1.0 and 0 < rows["keep-none"]["ideal_vs_dense"] < 1
+    assert all(r["median_step_ms"] > 0 for r in rows.values()) and result["environment"]["git_commit"]

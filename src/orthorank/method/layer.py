@@ -203,8 +203,8 @@ class SelectiveLayer:
     compact_decode_rows = True
     # A threshold decode step of one sequence decides its one token with a single comparison, then runs either the
     # family's dense layer (kept: the same update as the selective path's) or only its K/V (bypassed), without the
-    # general selection's masks, gathers and routed attention (measured on SmolLM2-135M at batch 1: those cost
-    # about 0.7 ms per selection layer per step, a third of a dense layer's step). Off: the general path (the
+    # general selection's masks, gathers and routed attention (SmolLM2-135M at batch 1, ten selection layers all
+    # keeping: 0.08-0.10 of a dense step cheaper; benchmarks/decode_step_parts.py). Off: the general path (the
     # reference for tests).
     fast_threshold_step = True
 
