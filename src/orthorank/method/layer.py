@@ -364,10 +364,7 @@ class SelectiveLayer:
         idx, real = sel
         self._last = (idx, real, T)
         if idx.shape[1] == 0:  # threshold decode kept no token: write its keys/values, leave its state as it is
-            if cache is not None:
-                k, v = self._keys_values(x, kwargs["position_embeddings"])
-                cache.update(k, v, attn.layer_idx)
-            return hidden_states
+            return self._bypass(hidden_states, x, kwargs, cache)
 
         call = _RowCall()
         call.x, call.idx, call.past, call.cache = x, idx, past, cache
@@ -428,6 +425,10 @@ class SelectiveLayer:
         self._last = (torch.zeros(1, int(kept), dtype=torch.long, device=hidden_states.device), None, 1)
         if kept:  # the selected query attends to every key: the dense layer's update on this one token
             return self.inner(hidden_states, *args, **kwargs)
+        return self._bypass(hidden_states, x, kwargs, cache)
+
+    def _bypass(self, hidden_states: torch.Tensor, x: torch.Tensor, kwargs: dict[str, Any], cache: Any) -> torch.Tensor:
+        """No token updated: only every token's keys and values go into the cache; the states pass unchanged."""
         if cache is not None:
             k, v = self._keys_values(x, kwargs["position_embeddings"])
             cache.update(k, v, self.layer.self_attn.layer_idx)
