@@ -148,6 +148,24 @@ def test_bench_cli_prefill_decode_layer(tmp_path):
     table = markdown_table([data])
     assert table.count("\n| smollm2-135m-shape (4 layers) |") == 6 and "| smollm2-135m-shape | CPU" in table
 
+def test_layer_profile_sorts_operators_into_families(tmp_path, capsys):
+    from orthorank.bench.runner import profile_category
+
+    assert profile_category("aten::_scaled_dot_product_flash_attention_for_cpu") == "attention kernel"
+    assert profile_category("aten::addmm") == profile_category("aten::mm") == "matmul"
+    assert profile_category("aten::index_select") == profile_category("aten::scatter_") == "gather / scatter / copy"
+    assert profile_category("aten::sort") == "sort / top-K"
+    assert profile_category("aten::rsqrt") == "elementwise"
+    data = _bench(tmp_path, "--mode", "layer", "--profile")
+    prof = data["runs"][0]["profile"]
+    cats = prof["categories"]
+    assert set(cats) == {"attention kernel", "matmul", "gather / scatter / copy", "sort / top-K", "elementwise"}
+    assert cats["matmul"]["dense_ms"] > 0 and cats["matmul"]["selective_ms"] > 0
+    assert cats["sort / top-K"]["dense_ms"] == 0 and cats["sort / top-K"]["selective_over_dense"] is None
+    assert "aten::" in prof["dense_layer"]
+    assert "matmul" in capsys.readouterr().out
+
+
 
 def test_bench_cli_plan_override_and_errors(tmp_path, capsys):
     from orthorank.method.plan import Plan

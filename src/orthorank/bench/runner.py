@@ -449,7 +449,7 @@ def run_layer(model: nn.Module, selection: SelectionConfig, settings: RunSetting
               log: Callable[[str], None] = print) -> dict[str, Any]:
     """Time one dense decoder layer against the same layer wrapped as a selection layer, and the selection step
     (scoring alone, scoring + top-K) alone, on random hidden states with no padding and no cache."""
-    from orthorank.method.attention import SPLIT_MIN_KEYS, _chunks, _window_chunks
+    from orthorank.method.attention import SPLIT_MIN_KEYS, query_chunks
     from orthorank.method.layer import SelectiveLayer, SequenceContext
     from orthorank.method.selection import keep_count, keep_to_indices, sink_scores
 
@@ -482,6 +482,9 @@ def run_layer(model: nn.Module, selection: SelectionConfig, settings: RunSetting
                 return keep_to_indices(wrapper._select(h, x, 0))
         unchunked = SelectiveLayer(layer, adapter, selection, SequenceContext(), idx)
         unchunked.max_attention_chunks = 1
+        arch = Arch.from_config(cfg, 1)
+        path, chunks = query_chunks(keep_count(T, selection.ratio), T, arch.heads // arch.kv_heads, wrapper._window,
+                                    wrapper.max_attention_chunks, wrapper.min_chunk_keys, device.type == "cpu")
         types = getattr(cfg, "layer_types", None)
         sliding = isinstance(types, list) and "sliding" in str(types[idx])  # a window: not the causal comparison
         attention = {} if sliding else _attention_alone(cfg, select(), T, wrapper, dtype, device, settings.seed)
@@ -533,17 +536,15 @@ def run_layer(model: nn.Module, selection: SelectionConfig, settings: RunSetting
         "scoring_fraction_of_dense": stats["scoring"]["median_s"] / dense,
         "selection_fraction_of_dense": stats["scoring_and_topk"]["median_s"] / dense,
         "unchunked_attention_cost_fraction": stats["selective_layer_unchunked"]["median_s"] / dense,
-        "attention_chunks": len(_window_chunks(keep_count(T, selection.ratio), T, wrapper._window)
-                                if wrapper._window is not None and wrapper._window < T else
-                                _chunks(keep_count(T, selection.ratio), T, wrapper.max_attention_chunks,
-                                        wrapper.min_chunk_keys)),
+        "attention_chunks": len(chunks),
+        "attention_path": path,
         # the attention of the selected queries alone, against the dense layer's causal kernel on the same keys
         **({"attention_alone": {
             "masked_fraction_of_causal": stats["attention_masked"]["median_s"] / stats["attention_causal"]["median_s"],
             "split_fraction_of_causal": stats["attention_split"]["median_s"] / stats["attention_causal"]["median_s"],
             "query_fraction": keep_count(T, selection.ratio) / T,
             "causal_share_of_dense_layer": stats["attention_causal"]["median_s"] / dense,
-            "in_use": "split" if T >= SPLIT_MIN_KEYS else "masked",
+            "in_use": path,
             "note": "masked: method/attention.py's query chunks with a boolean mask; split: method/attention_split.py "
                     "(prefix unmasked + diagonal masked, merged by log-sum-exp), which full-attention selection "
                     f"layers use on CPU from {SPLIT_MIN_KEYS} keys on"}}
@@ -560,7 +561,7 @@ def _attention_alone(cfg, selected, T: int, wrapper, dtype: torch.dtype, device:
     prefix/diagonal split (method/attention_split.py) where this torch has its kernel. Empty when a layer shape has
     no separate K/V heads (nothing to time)."""
     from orthorank.method import attention_split
-    from orthorank.method.attention import _chunks, _sdpa
+    from orthorank.method.attention import _sdpa, query_chunks
     from orthorank.method.cost import Arch
 
     if selected is None or device.type != "cpu":
@@ -574,7 +575,7 @@ def _attention_alone(cfg, selected, T: int, wrapper, dtype: torch.dtype, device:
     q_sel = torch.gather(q_all, 2, idx[:, None, :, None].expand(B, H, K, hd))
     q_rows = q_sel.transpose(1, 2)  # [B, K, H, d] as selection layers hand it over
     scale = hd ** -0.5
-    chunks = _chunks(K, T, wrapper.max_attention_chunks, wrapper.min_chunk_keys)
+    _, chunks = query_chunks(K, T, H // Hkv, None, wrapper.max_attention_chunks, wrapper.min_chunk_keys, True)
     fns = {
         "attention_causal": lambda: torch.nn.functional.scaled_dot_product_attention(
             q_all, k, v, is_causal=True, scale=scale, enable_gqa=H > Hkv),
@@ -592,15 +593,47 @@ def _bmm_flag() -> bool | None:
     return getattr(selection, "_BMM_OUT_DTYPE_OK", None)
 
 
-def _profile(fns: dict[str, Callable[[], Any]], device: torch.device, rows: int = 18) -> dict[str, str]:
+# Operator families of a layer's profile, by aten name (self time: a composite op such as aten::linear counts only
+# what it does itself, its matmul under "matmul"). First match wins; the rest is "elementwise" (norms, RoPE,
+# activations, residual adds, scoring's products).
+PROFILE_CATEGORIES = (
+    ("attention kernel", ("scaled_dot_product", "flash_attention", "efficient_attention", "softmax", "logsumexp")),
+    ("matmul", ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::baddbmm", "aten::_weight_int")),
+    ("gather / scatter / copy", ("index", "gather", "scatter", "copy", "clone", "cat", "contiguous", "take",
+                                 "masked_select", "nonzero", "stack", "to_copy")),
+    ("sort / top-K", ("sort", "topk", "argmax", "argmin", "kthvalue")),
+)
+
+
+def profile_category(op: str) -> str:
+    name = op.lower()
+    for category, needles in PROFILE_CATEGORIES:
+        if any(n in name for n in needles):
+            return category
+    return "elementwise"
+
+
+def _profile(fns: dict[str, Callable[[], Any]], device: torch.device, rows: int = 18) -> dict[str, Any]:
+    """The operator table of one dense and one selective layer call, and their self time per operator family
+    (`categories`, ms): where the selective layer spends more than its share of the dense layer's time."""
     from torch.profiler import ProfilerActivity, profile
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
-    out = {}
+    out: dict[str, Any] = {}
+    categories: dict[str, dict[str, float]] = {}
     for name in ("dense_layer", "selective_layer"):
         with profile(activities=acts) as p:
             fns[name]()
             synchronize(device)
-        out[name] = p.key_averages().table(sort_by=key, row_limit=rows)
+        averages = p.key_averages()
+        out[name] = averages.table(sort_by=key, row_limit=rows)
+        totals = {c: 0.0 for c, _ in PROFILE_CATEGORIES} | {"elementwise": 0.0}
+        for event in averages:
+            totals[profile_category(event.key)] += getattr(event, key) / 1e3
+        categories[name] = totals
+    out["categories"] = {c: {"dense_ms": categories["dense_layer"][c], "selective_ms": categories["selective_layer"][c],
+                             "selective_over_dense": (categories["selective_layer"][c] / categories["dense_layer"][c]
+                                                      if categories["dense_layer"][c] > 0 else None)}
+                         for c in categories["dense_layer"]}
     return out

@@ -270,8 +270,16 @@ def run(args) -> int:
             runs.append(record)
             print(format_run(record))
             if mode == "layer" and record.get("profile"):
-                for name, table in record["profile"].items():
-                    print(f"--- profile: {name}\n{table}")
+                prof = record["profile"]
+                for name in ("dense_layer", "selective_layer"):
+                    if name in prof:
+                        print(f"--- profile: {name}\n{prof[name]}")
+                for category, c in prof.get("categories", {}).items():
+                    share = "-" if c["selective_over_dense"] is None else f"x{c['selective_over_dense']:.3f}"
+                    print(f"  {category:24s} dense {c['dense_ms']:9.1f} ms  selective {c['selective_ms']:9.1f} ms  "
+                          f"{share}")
+                if "error" in prof:
+                    print(f"--- profile failed: {prof['error']}")
             if args.json_out:  # rewritten after every run: a killed run keeps what finished
                 write_json(args.json_out, payload(False), device=lm.device, overwrite=True)
 

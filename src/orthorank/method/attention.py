@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from orthorank.errors import UserError
+from orthorank.method import attention_split
 
 # model attention implementation -> selective backend (flash models: SDPA math, the same masking semantics)
 BACKENDS: dict[str, str] = {
@@ -114,9 +115,28 @@ def _window_chunks(K: int, S: int, window: int) -> list[tuple[int, int]]:
 
 # At or beyond this many keys a full-attention selection layer on CPU splits each query chunk into an unmasked
 # prefix and a masked diagonal (method/attention_split.py): measured on the SmolLM2 shape, the selected queries'
-# attention fell from 0.43-0.48 to 0.33-0.38 of the dense causal kernel's time at 8k-32k tokens, and was no faster
-# at 1k-4k (benchmarks/results/length-scaling). Exact either way (tests/test_bench.py).
-SPLIT_MIN_KEYS = 8192
+# attention fell from 0.43-0.48 to 0.33-0.38 of the dense causal kernel's time at 8k-32k tokens; at 4k, with chunks
+# sized as below, the split was as fast as the masked kernel or faster on the SmolLM2, Gemma 3, Llama-2-7B and
+# Llama-3-8B shapes (0.41-0.49 against 0.48-0.57 of causal); at 1k-2k neither won (docs/results.md). Exact either
+# way (tests/test_bench.py).
+SPLIT_MIN_KEYS = 4096
+# The CPU flash kernel picks its query block from a call's query rows (>= 768 rows: blocks of 256, >= 192: 64,
+# else 32; aten's FlashAttentionKernel.cpp), and a small block re-reads every K/V block more often. The split folds a
+# chunk's query heads per KV head into its rows, so chunks of ~1024 folded rows keep 256-row blocks while the masked
+# diagonals, ~1 / chunks of the work, stay small (SmolLM2 shape at 16k tokens: 16 chunks of 1,014 rows took
+# 0.36-0.37 of the causal kernel's time, 32 chunks of 507 rows 0.42-0.44).
+SPLIT_ROWS_PER_CHUNK = 1024
+
+
+def query_chunks(K: int, S: int, groups: int, window: int | None, max_chunks: int, min_chunk_keys: int,
+                 can_split: bool) -> tuple[str, list[tuple[int, int]]]:
+    """How selected queries [K] against S keys run on CPU: ("window" | "split" | "masked", query chunks)."""
+    if window is not None and window < S:
+        return "window", (_window_chunks(K, S, window) if max_chunks > 1 else [(0, K)])
+    if can_split and S >= SPLIT_MIN_KEYS and max_chunks > 1:
+        n = min(max_chunks, max(2, min(K // 16, round(K * groups / SPLIT_ROWS_PER_CHUNK))))
+        return "split", _even(K, n)
+    return "masked", _chunks(K, S, max_chunks, min_chunk_keys)
 
 
 def _sdpa(q, q_pos, k, v, scale, k_offset, key_valid, window, mask, max_chunks, min_chunk_keys,
@@ -135,18 +155,13 @@ def _sdpa(q, q_pos, k, v, scale, k_offset, key_valid, window, mask, max_chunks, 
     host_reads = q.device.type == "cpu" and not torch.compiler.is_compiling()
     windowed = window is not None and window < S
     if not host_reads:
-        chunks = [(0, K)]
-    elif windowed and max_chunks > 1:  # max_chunks 1: one chunk over every key (the benchmarks' baseline)
-        chunks = _window_chunks(K, S, window)
+        path, chunks = "masked", [(0, K)]
     else:
-        chunks = _chunks(K, S, max_chunks, min_chunk_keys)
-    if (split and host_reads and not windowed and mask is None and key_valid is None and k_offset == 0
-            and S >= SPLIT_MIN_KEYS and len(chunks) > 1):
-        from orthorank.method import attention_split
-
-        if attention_split.available():
-            o = attention_split.split_attention(qh, q_pos, k, v, scale, chunks)
-            return o.transpose(1, 2).reshape(B, K, H * hd)
+        can_split = (split and mask is None and key_valid is None and k_offset == 0 and attention_split.available())
+        path, chunks = query_chunks(K, S, H // Hkv, window, max_chunks, min_chunk_keys, can_split)
+    if path == "split":
+        o = attention_split.split_attention(qh, q_pos, k, v, scale, chunks)
+        return o.transpose(1, 2).reshape(B, K, H * hd)
     if host_reads and (len(chunks) > 1 or windowed):  # one sync per layer
         spans = torch.stack([torch.stack([q_pos[:, a:b].amin(), q_pos[:, a:b].amax()]) for a, b in chunks]).tolist()
     else:
