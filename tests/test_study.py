@@ -299,14 +299,14 @@ def test_long_context_stage_batches_one_task_per_generate_call(tmp_path):
 
 
 def test_study_runs_in_bfloat16_where_the_cpu_multiplies_it_natively(monkeypatch, capsys):
+    from orthorank import cpu_info
     from orthorank.cli import study
-    from orthorank.models import loading
 
-    monkeypatch.setattr(loading, "cpu_multiplies_bf16", lambda: True)
+    monkeypatch.setattr(cpu_info, "cpu_multiplies_bf16", lambda: True)
     assert study.study_dtype("auto", "cpu") == "bfloat16" and "bfloat16" in capsys.readouterr().err
     assert study.study_dtype("float32", "cpu") == "float32"  # asked for: kept
     assert study.study_dtype("auto", "cuda") == "auto"  # a GPU's auto is bfloat16 already
-    monkeypatch.setattr(loading, "cpu_multiplies_bf16", lambda: False)
+    monkeypatch.setattr(cpu_info, "cpu_multiplies_bf16", lambda: False)
     assert study.study_dtype("auto", "cpu") == "auto"  # emulated bfloat16 is slower than float32
 
 

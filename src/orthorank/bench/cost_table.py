@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import math
-import platform
 import statistics
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -30,6 +29,7 @@ import torch
 from torch import nn
 
 from orthorank.bench.timing import summarize, synchronize, time_call
+from orthorank.cpu_info import cpu_model_name
 from orthorank.errors import UserError, number_list
 from orthorank.method.plan import REMOVE
 from orthorank.method.selection import SelectionConfig
@@ -41,16 +41,6 @@ DEFAULT_RATIOS = (0.25, 0.33, 0.5)
 def ratio_key(ratio: float) -> str:
     """How a ratio names its entry: 0.33 -> "0.33" (the shortest form, as plan files write it)."""
     return f"{float(ratio):g}"
-
-
-def cpu_model_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "cpu"
 
 
 def device_description(device: torch.device | str | None = None) -> dict[str, Any]:

@@ -109,7 +109,8 @@ def study_dtype(requested: str, device: str | None) -> str:
     bfloat16 on a GPU). A study folder records the dtype it ran in."""
     import torch
 
-    from orthorank.models.loading import cpu_multiplies_bf16, default_device
+    from orthorank.cpu_info import cpu_multiplies_bf16
+    from orthorank.models.loading import default_device
 
     on_cpu = (torch.device(device) if device else default_device()).type == "cpu"
     if requested == "auto" and on_cpu and cpu_multiplies_bf16():

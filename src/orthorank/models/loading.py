@@ -60,16 +60,6 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def cpu_multiplies_bf16() -> bool:
-    """True on a CPU whose matrix units take bfloat16 natively (AVX-512 BF16 or AMX; Linux flags): there bfloat16
-    matmuls run about 2x float32's, elsewhere they are emulated and slower."""
-    try:
-        flags = next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), "")
-    except OSError:
-        return False
-    return bool({"avx512_bf16", "amx_bf16"} & set(flags.split()))
-
-
 def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
     if isinstance(dtype, torch.dtype):
         return dtype
