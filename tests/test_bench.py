@@ -482,6 +482,29 @@ def test_split_attention_equals_the_masked_kernel(B, H, Hkv, S, K, chunks):
     torch.testing.assert_close(got.transpose(1, 2).reshape(B, K, H * 16), ref, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("groups", [1, 3, 4, 8])
+@pytest.mark.parametrize("K", [20, 338, 1352, 5407, 10813, 43000])
+def test_split_chunks_fill_whole_query_blocks(groups, K):
+    """The split cuts selected queries into 2..max_chunks chunks whose folded rows (queries x query heads per KV
+    head) fit whole 256-row blocks of the CPU flash kernel, at least 4 blocks per chunk, more only where 32 chunks
+    would not hold the queries otherwise."""
+    from orthorank.method.attention import SPLIT_MIN_KEYS, SPLIT_ROW_BLOCK, query_chunks, split_chunk_count
+
+    n = split_chunk_count(K, groups, 32)
+    path, chunks = query_chunks(K, SPLIT_MIN_KEYS, groups, None, 32, 512, True)
+    assert path == "split" and len(chunks) == n and chunks[0][0] == 0 and chunks[-1][1] == K
+    assert 2 <= n <= 32
+    rows = max(b - a for a, b in chunks) * groups
+    blocks = -(-rows // SPLIT_ROW_BLOCK)
+    per_chunk = 4 * SPLIT_ROW_BLOCK // groups
+    if -(-K // per_chunk) <= 32 and n < K // 16:  # the fewest chunks whose rows fill at most 4 blocks each
+        assert blocks <= 4 and (n == 2 or -(-K // (n - 1)) * groups > 4 * SPLIT_ROW_BLOCK)
+    elif n < K // 16:  # 4 blocks would need more than 32 chunks: larger chunks, still whole blocks
+        assert blocks > 4 and -(-K // (SPLIT_ROW_BLOCK * (blocks - 1) // groups)) > 32  # one block fewer: > 32
+    assert query_chunks(K, SPLIT_MIN_KEYS - 1, groups, None, 32, 512, True)[0] == "masked"
+    assert query_chunks(K, SPLIT_MIN_KEYS, groups, None, 1, 512, True) == ("masked", [(0, K)])
+
+
 def test_bench_takes_several_lengths_and_times_attention_alone(tmp_path):
     data = _bench(tmp_path, "--mode", "layer,prefill", "--seq-len", "24,40", "--methods", "dense,spread-orthorank")
     runs = [(r["mode"], r["seq_len"]) for r in data["runs"]]

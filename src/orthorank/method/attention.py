@@ -120,12 +120,27 @@ def _window_chunks(K: int, S: int, window: int) -> list[tuple[int, int]]:
 # Llama-3-8B shapes (0.41-0.49 against 0.48-0.57 of causal); at 1k-2k neither won (docs/results.md). Exact either
 # way (tests/test_bench.py).
 SPLIT_MIN_KEYS = 4096
-# The CPU flash kernel picks its query block from a call's query rows (>= 768 rows: blocks of 256, >= 192: 64,
-# else 32; aten's FlashAttentionKernel.cpp), and a small block re-reads every K/V block more often. The split folds a
-# chunk's query heads per KV head into its rows, so chunks of ~1024 folded rows keep 256-row blocks while the masked
-# diagonals, ~1 / chunks of the work, stay small (SmolLM2 shape at 16k tokens: 16 chunks of 1,014 rows took
-# 0.36-0.37 of the causal kernel's time, 32 chunks of 507 rows 0.42-0.44).
-SPLIT_ROWS_PER_CHUNK = 1024
+# The CPU flash kernel cuts a call's query rows into blocks (>= 768 rows: blocks of 256, >= 192: 64, else 32; aten's
+# FlashAttentionKernel.cpp) and reads every K/V block once per query block: small blocks, or a last block of a few
+# rows, re-read K/V for little work. The split folds a chunk's query heads per KV head into its rows, so chunks are
+# sized to fill whole 256-row blocks (at least 4 per chunk, more only where that would need more than max_chunks
+# chunks), while the masked diagonals, ~1 / chunks of the work, stay small. Measured on the Gemma 3 shape at 16k
+# tokens (head dim 256): 22 chunks of 983 rows (4 blocks) took 0.35 of the causal kernel's time, 21 chunks of
+# 1,029 rows (4 blocks and one of 5 rows) 0.49; the SmolLM2 shape: 16 chunks of 1,014 rows 0.36-0.41, 32 chunks of
+# 507 rows 0.42-0.47 (docs/results.md).
+SPLIT_ROW_BLOCK = 256
+SPLIT_MIN_BLOCKS = 4
+
+
+def split_chunk_count(K: int, groups: int, max_chunks: int) -> int:
+    """How many chunks the split path cuts K selected queries into, with `groups` query heads per KV head."""
+    blocks = SPLIT_MIN_BLOCKS
+    while True:
+        per_chunk = max(1, SPLIT_ROW_BLOCK * blocks // groups)  # queries whose folded rows fill `blocks` blocks
+        n = -(-K // per_chunk)
+        if n <= max_chunks:
+            return min(max_chunks, max(2, min(n, K // 16)))
+        blocks += 1
 
 
 def query_chunks(K: int, S: int, groups: int, window: int | None, max_chunks: int, min_chunk_keys: int,
@@ -134,8 +149,7 @@ def query_chunks(K: int, S: int, groups: int, window: int | None, max_chunks: in
     if window is not None and window < S:
         return "window", (_window_chunks(K, S, window) if max_chunks > 1 else [(0, K)])
     if can_split and S >= SPLIT_MIN_KEYS and max_chunks > 1:
-        n = min(max_chunks, max(2, min(K // 16, round(K * groups / SPLIT_ROWS_PER_CHUNK))))
-        return "split", _even(K, n)
+        return "split", _even(K, split_chunk_count(K, groups, max_chunks))
     return "masked", _chunks(K, S, max_chunks, min_chunk_keys)
 
 
