@@ -583,3 +583,21 @@ def test_decode_step_parts_script_tiny(tmp_path):
                          "threshold/general"} and rows["dense"]["vs_dense"] == 1.0
     assert rows["keep-all"]["ideal_vs_dense"] == 1.0 and 0 < rows["keep-none"]["ideal_vs_dense"] < 1
     assert all(r["median_step_ms"] > 0 for r in rows.values()) and result["environment"]["git_commit"]
+
+
+def test_split_chunks_script_tiny(tmp_path):
+    """benchmarks/split_chunks.py at 512 tokens: each chunk count's split attention against causal, and the count
+    the layer would choose, in its JSON."""
+    from orthorank.method import attention_split
+
+    if not attention_split.available():
+        pytest.skip("this torch has no CPU flash kernel returning the log-sum-exp")
+    out = tmp_path / "sweep.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "split_chunks.py"), "--shape", "smollm2",
+                           "--seq-len", "512", "--chunks", "2,4", "--rounds", "1", "--threads", "1", "--out", str(out)],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert set(result["split_of_causal"]) == {"2", "4"} and all(x > 0 for x in result["split_of_causal"].values())
+    assert result["folded_rows_per_chunk"] == {"2": 255, "4": 129} and result["chosen_by_split_chunk_count"] == 2
+    assert result["environment"]["git_commit"]

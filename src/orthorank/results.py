@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from orthorank.cpu_info import cpu_flags, cpu_model_name
 from orthorank.errors import UserError
 
 
@@ -58,8 +59,10 @@ def environment(device: torch.device | str | None = None) -> dict[str, Any]:
         "transformers": transformers.__version__,
         "platform": platform.platform(),
         "device": str(dev),
-        "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor() or "cpu",
+        "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else cpu_model_name(),
         "cpu_threads": torch.get_num_threads(),
+        # CPU timings, and bfloat16's against float32's, depend on these (emulated bfloat16 without the last two)
+        "cpu_isa": [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in cpu_flags()],
         "git_commit": git_commit(),
         "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "command_line": command_line(),

@@ -67,8 +67,8 @@ def format_run(run: dict[str, Any]) -> str:
 def _device(rec: dict[str, Any]) -> str:
     env = rec.get("environment", {})
     if str(env.get("device", "")).startswith("cpu"):
-        n = env.get("cpu_threads", "?")
-        return f"CPU, {n} thread{'s' if n != 1 else ''}"
+        n, name = env.get("cpu_threads", "?"), env.get("device_name")
+        return f"CPU{'' if name in (None, '', 'cpu') else ' (' + name + ')'}, {n} thread{'s' if n != 1 else ''}"
     return str(env.get("device_name") or env.get("device", "?"))
 
 
@@ -118,6 +118,19 @@ def markdown_table(records: list[dict[str, Any]]) -> str:
                 f"| {_f(a.get('split_fraction_of_causal'), '.3f')}{_used(a, 'split')} |")
         out.append("\n\\* the path selection layers take at that length (full-attention layers on CPU; older "
                    "records without the mark: masked)")
+        profiled = [(rec, run) for rec, run in layer_rows if (run.get("profile") or {}).get("categories")]
+        if profiled:
+            out += ["", "| model | batch x tokens | layer | operator family | dense layer ms | selective layer ms | "
+                    "selective / dense |", "|---|---|---|---|---|---|---|"]
+            for rec, run in profiled:
+                cats = run["profile"]["categories"]
+                for name, c in [*cats.items(), ("all", {"dense_ms": sum(c["dense_ms"] for c in cats.values()),
+                                                        "selective_ms": sum(c["selective_ms"] for c in cats.values())})]:
+                    ratio = c["selective_ms"] / c["dense_ms"] if c["dense_ms"] > 0 else None
+                    out.append(f"| {rec['model']} | {run['batch']} x {run['seq_len']} | {run.get('layer_index', '-')} | "
+                               f"{name} | {c['dense_ms']:.1f} | {c['selective_ms']:.1f} | {_f(ratio, '.3f')} |")
+            out.append("\nSelf time per operator family in one profiled call of each layer (torch.profiler; "
+                       "`orthorank bench --mode layer --profile`)")
     return "\n".join(out)
 
 
