@@ -12,7 +12,7 @@ for the eager backend the attention weights [B, H, K, S].
 
 Backends, by the model's attention implementation (see BACKENDS): masked SDPA (one mask row per selected token,
 broadcast over heads, grouped-query heads in the kernel; on CPU long sequences in query chunks against only the
-keys from the window's start (sliding layers) to each chunk's last position, and from 8k keys on split into an
+keys from the window's start (sliding layers) to each chunk's last position, and from 4k keys on split into an
 unmasked prefix and a masked diagonal (method/attention_split.py); on accelerators one call with no device-to-host
 sync), eager (the family's own eager function: soft-capping, weights for output_attentions), FlexAttention (a block
 mask built from the positions). A flash-attention model's selective layers use SDPA math on its 2-D padding mask.
