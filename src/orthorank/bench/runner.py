@@ -484,7 +484,7 @@ def run_layer(model: nn.Module, selection: SelectionConfig, settings: RunSetting
         unchunked.max_attention_chunks = 1
         arch = Arch.from_config(cfg, 1)
         path, chunks = query_chunks(keep_count(T, selection.ratio), T, arch.heads // arch.kv_heads, wrapper._window,
-                                    wrapper.max_attention_chunks, wrapper.min_chunk_keys, device.type == "cpu")
+                                    wrapper.max_attention_chunks, wrapper.min_chunk_keys, True, device.type == "cpu")
         types = getattr(cfg, "layer_types", None)
         sliding = isinstance(types, list) and "sliding" in str(types[idx])  # a window: not the causal comparison
         attention = {} if sliding else _attention_alone(cfg, select(), T, wrapper, dtype, device, settings.seed)

@@ -116,8 +116,9 @@ def _window_chunks(K: int, S: int, window: int) -> list[tuple[int, int]]:
 # At or beyond this many keys a full-attention selection layer on CPU splits each query chunk into an unmasked
 # prefix and a masked diagonal (method/attention_split.py): measured on the SmolLM2 shape, the selected queries'
 # attention fell from 0.43-0.48 to 0.33-0.38 of the dense causal kernel's time at 8k-32k tokens; at 4k, with chunks
-# sized as below, the split was as fast as the masked kernel or faster on the SmolLM2, Gemma 3, Llama-2-7B and
-# Llama-3-8B shapes (0.41-0.49 against 0.48-0.57 of causal); at 1k-2k neither won (docs/results.md). Exact either
+# sized as below, the split was faster than the masked kernel on the SmolLM2, Gemma 3 and Llama-3-8B shapes
+# (SmolLM2 0.41-0.49 against 0.48-0.57 of causal) and equal within noise on Llama-2-7B's (0.49-0.64 against
+# 0.49-0.62); at 1k-2k neither won (docs/results.md). Exact either
 # way (tests/test_bench.py).
 SPLIT_MIN_KEYS = 4096
 # The CPU flash kernel cuts a call's query rows into blocks (>= 768 rows: blocks of 256, >= 192: 64, else 32; aten's
@@ -144,11 +145,14 @@ def split_chunk_count(K: int, groups: int, max_chunks: int) -> int:
 
 
 def query_chunks(K: int, S: int, groups: int, window: int | None, max_chunks: int, min_chunk_keys: int,
-                 can_split: bool) -> tuple[str, list[tuple[int, int]]]:
-    """How selected queries [K] against S keys run on CPU: ("window" | "split" | "masked", query chunks)."""
+                 can_split: bool, host_reads: bool = True) -> tuple[str, list[tuple[int, int]]]:
+    """How selected queries [K] against S keys run: ("window" | "split" | "masked", query chunks). Without host
+    reads (accelerators, compiled graphs) one masked call."""
+    if not host_reads:
+        return "masked", [(0, K)]
     if window is not None and window < S:
         return "window", (_window_chunks(K, S, window) if max_chunks > 1 else [(0, K)])
-    if can_split and S >= SPLIT_MIN_KEYS and max_chunks > 1:
+    if can_split and S >= SPLIT_MIN_KEYS and max_chunks > 1 and attention_split.available():
         return "split", _even(K, split_chunk_count(K, groups, max_chunks))
     return "masked", _chunks(K, S, max_chunks, min_chunk_keys)
 
@@ -168,11 +172,8 @@ def _sdpa(q, q_pos, k, v, scale, k_offset, key_valid, window, mask, max_chunks, 
     # queries take one masked call.
     host_reads = q.device.type == "cpu" and not torch.compiler.is_compiling()
     windowed = window is not None and window < S
-    if not host_reads:
-        path, chunks = "masked", [(0, K)]
-    else:
-        can_split = (split and mask is None and key_valid is None and k_offset == 0 and attention_split.available())
-        path, chunks = query_chunks(K, S, H // Hkv, window, max_chunks, min_chunk_keys, can_split)
+    can_split = split and mask is None and key_valid is None and k_offset == 0
+    path, chunks = query_chunks(K, S, H // Hkv, window, max_chunks, min_chunk_keys, can_split, host_reads)
     if path == "split":
         o = attention_split.split_attention(qh, q_pos, k, v, scale, chunks)
         return o.transpose(1, 2).reshape(B, K, H * hd)
