@@ -200,7 +200,7 @@ def test_transfer_stage_fits_every_method_per_source_and_renders_the_matrix(caps
     assert code == 0 and "transfer: done before" in err
 
     from orthorank.study.budgets import get_budget
-    from orthorank.study.stages import StudyContext
+    from orthorank.study.context import StudyContext
     from orthorank.study.transfer import render_matrix, transfer_done
 
     from orthorank.study.transfer import transfer_argv
@@ -235,8 +235,9 @@ def test_transfer_stage_runs_cheap_settings_first_and_the_hybrid_search_last_on_
                                                                                                   monkeypatch):
     from orthorank.study import transfer
     from orthorank.study.budgets import get_budget
-    from orthorank.study.stages import StudyContext
-    from orthorank.study.transfer import TransferSetting, transfer_argv
+    from orthorank.study.context import StudyContext
+    from orthorank.study.budgets import TransferSetting
+    from orthorank.study.transfer import transfer_argv
 
     from pathlib import Path
 
@@ -273,8 +274,8 @@ def test_transfer_stage_runs_cheap_settings_first_and_the_hybrid_search_last_on_
 def test_calibrate_default_is_the_calibration_the_transfer_matrix_chooses():
     """The default of `calibrate --calib-data/--calib-tokens` is not typed from memory: it is the setting the
     committed transfer matrix chooses by the worst domain (study/transfer.py choose_calibration)."""
-    from orthorank.cli.calibration_options import DEFAULT_CALIB_DATA, DEFAULT_CALIB_TOKENS
-    from orthorank.study.transfer import ISSUE_SETTINGS
+    from orthorank.search.calibration import DEFAULT_CALIB_DATA, DEFAULT_CALIB_TOKENS
+    from orthorank.study.budgets import ISSUE_SETTINGS
 
     root = Path(__file__).resolve().parents[1]
     matrix = json.loads((root / "studies" / "smollm2-135m" / "transfer" / "transfer.json").read_text())
@@ -287,7 +288,8 @@ def test_long_context_stage_batches_one_task_per_generate_call(tmp_path):
     """The suite lists items task by task, so a batch that divides the samples per task never mixes tasks; the
     batched rows equal single prompts (test_longctx.test_padded_batch_generation_equals_single_prompts)."""
     from orthorank.study.budgets import get_budget
-    from orthorank.study.stages import StudyContext, _longctx_argv, task_aligned_batch
+    from orthorank.study.context import StudyContext
+    from orthorank.study.stages import _longctx_argv, task_aligned_batch
 
     assert [task_aligned_batch(n) for n in (1, 2, 6, 7, 20, 50, 64)] == [1, 2, 6, 7, 5, 5, 8]
     for name in ("quick", "standard", "full"):

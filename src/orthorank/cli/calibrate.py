@@ -13,10 +13,11 @@ import torch
 from orthorank.search.registry import get_search
 from orthorank.methods import METHODS, searched
 from orthorank.search.layer_search import StackRunner
+from orthorank.search.calibration import (DEFAULT_CALIB_BATCH, DEFAULT_CALIB_DATA, DEFAULT_CALIB_SEQ_LEN,
+                                         DEFAULT_CALIB_TOKENS)
 from orthorank.search.racing import ALPHA
 from orthorank.cli.calibration_options import (
-    DEFAULT_CALIB_BATCH, DEFAULT_CALIB_DATA, DEFAULT_CALIB_SEQ_LEN, DEFAULT_CALIB_TOKENS, calibration_samples,
-    check_calibration_source, match_rules, parse_sparsities, screen_batches, token_count,
+    calibration_samples, check_calibration_source, match_rules, parse_sparsities, screen_batches, token_count,
 )
 from orthorank.cli.common import (
     add_model_args, add_selection_args, add_store_args, check_memory, finite_float, load_from_args, positive_int,

@@ -8,15 +8,8 @@ import math
 
 from orthorank.errors import UserError, number_list
 from orthorank.method.plan import MATCH_RULES, check_sparsity
+from orthorank.search.calibration import DEFAULT_CALIB_TOKENS, FIRST_RACE_TOKENS
 
-# Default calibration: the source and size the transfer matrix chooses by the worst evaluation domain
-# (studies/smollm2-135m/transfer/transfer.md, "Default calibration"; tests/test_study.py keeps the two equal):
-# 8K tokens of the four-domain mix, 32 windows of 256 in batches of 4, racing from the first 2K tokens.
-DEFAULT_CALIB_DATA = "mix"
-DEFAULT_CALIB_TOKENS = 8192
-DEFAULT_CALIB_SEQ_LEN = 256
-DEFAULT_CALIB_BATCH = 4
-FIRST_RACE_TOKENS = 2048  # greedy searches race from the first batches that hold this many tokens (all: exhaustive)
 
 
 def screen_batches(args, batches: int) -> int | None:

@@ -12,7 +12,8 @@ import torch
 from orthorank.errors import UserError
 from orthorank.method.plan import Plan, parse_layers
 from orthorank.method.plan_store import find_plan
-from orthorank.method.selection import CRITERIA, DECODE_MODES, ORDERS, SOURCES, SelectionConfig
+from orthorank.method.policies import DECODE_MODES
+from orthorank.method.selection import CRITERIA, ORDERS, SOURCES, SelectionConfig
 from orthorank.methods import searched
 from orthorank.models.loading import EMBEDDED_MODEL, LoadedModel, load_model
 

@@ -20,7 +20,7 @@ from orthorank.errors import UserError
 from orthorank.evaluation.longctx import Item, Row, fmt, fmt_diff, grouped, longctx_key, run_row, summarize
 from orthorank.method.plan import Plan
 from orthorank.method.plan_store import find_plan, sparsity_label
-from orthorank.method.selection import DECODE_MODES
+from orthorank.method.policies import DECODE_MODES
 from orthorank.methods import get_method, searched
 from orthorank.results import atomic_write_text, check_writable, write_json
 

@@ -63,7 +63,8 @@ def run(args) -> int:
         print(path)
         return 0
     from orthorank.study.budgets import get_budget
-    from orthorank.study.stages import STAGES, StudyContext, run_stage, stage_names
+    from orthorank.study.context import StudyContext
+    from orthorank.study.stages import STAGES, run_stage, stage_names
 
     budget = get_budget(args.budget)
     wanted = stage_names(optional=False) if args.stages is None else [s.strip() for s in args.stages.split(",") if s.strip()]
@@ -143,9 +144,9 @@ def _report(args, ctx, seconds: dict[str, float], total: float) -> None:
     import json
 
     from orthorank.cli.common import load_from_args
-    from orthorank.results import environment
-    from orthorank.study.claims import study_claims, tally
-    from orthorank.study.report import claims_markdown, write_study_report
+    from orthorank.results import atomic_write_text, environment
+    from orthorank.study.claims import claims_markdown, study_claims, tally
+    from orthorank.study.report import write_study_report
     from orthorank.study.stages import STAGES
 
     lm = load_from_args(args)
@@ -153,8 +154,6 @@ def _report(args, ctx, seconds: dict[str, float], total: float) -> None:
     timing_file = ctx.out / "stage-seconds.json"
     earlier = json.loads(timing_file.read_text()) if timing_file.is_file() else {}
     all_seconds = {**earlier, **seconds}
-    from orthorank.results import atomic_write_text
-
     atomic_write_text(timing_file, json.dumps(all_seconds, indent=1) + "\n")
     finished = [s.name for s in STAGES if s.done(s.output(ctx))]
     study = {"model": ctx.model_name, "spec": ctx.model, "loaded": lm.description(), "budget": ctx.budget.to_json(),

@@ -27,6 +27,9 @@ import torch
 
 from orthorank.errors import UserError, comma_items
 
+# how a selection layer treats one decoded token: as in prefill (its K/V only when not selected), or against the
+# prefill's cut-off score (method/layer.py)
+DECODE_MODES = ("dense", "threshold")
 ATTENTION_WINDOW = 32  # queries whose attention the `attention` policy sums (the end of the chunk)
 
 
@@ -125,8 +128,6 @@ _VARIANT_FORM = "NAME[+recent=W][+first=W][+decode=dense|threshold]"
 def parse_variant(spec: str) -> dict[str, object]:
     """A policy variant, NAME[+recent=W][+first=W][+decode=MODE] (e.g. "orthogonal+recent=64", or "+decode=threshold"
     for the plan's own policy with the threshold decode policy), as SelectionConfig changes."""
-    from orthorank.method.selection import DECODE_MODES
-
     name, *mods = spec.strip().split("+")
     change: dict[str, object] = {}
     if name:

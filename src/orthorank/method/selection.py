@@ -12,12 +12,11 @@ from dataclasses import asdict, dataclass
 import torch
 
 from orthorank.errors import UserError
-from orthorank.method.policies import POLICIES, get_policy
+from orthorank.method.policies import DECODE_MODES, POLICIES, get_policy
 
 CRITERIA = ("dot", "cos")  # |<x_sink, x_i>| (paper) or |cos(x_sink, x_i)|
 SOURCES = ("normed", "raw")  # input-RMSNorm output (paper) or the raw residual stream
 ORDERS = tuple(POLICIES)  # selection policies (method/policies.py); the field keeps its first name, `order`
-DECODE_MODES = ("dense", "threshold")
 
 
 @dataclass(frozen=True)

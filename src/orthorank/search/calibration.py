@@ -14,6 +14,15 @@ from orthorank.errors import UserError
 from orthorank.evaluation.data import DOMAINS, MIX_DEFAULT, load_calibration_part
 from orthorank.evaluation.perplexity import tokenize_text
 
+# Default calibration: the source and size the transfer matrix chooses by the worst evaluation domain
+# (studies/smollm2-135m/transfer/transfer.md, "Default calibration"; tests/test_study.py keeps the two equal):
+# 8K tokens of the four-domain mix, 32 windows of 256 in batches of 4, racing from the first 2K tokens.
+DEFAULT_CALIB_DATA = "mix"
+DEFAULT_CALIB_TOKENS = 8192
+DEFAULT_CALIB_SEQ_LEN = 256
+DEFAULT_CALIB_BATCH = 4
+FIRST_RACE_TOKENS = 2048  # greedy searches race from the first batches that hold this many tokens (all: exhaustive)
+
 
 def calibration_windows(tokenizer, text: str, samples: int, seq_len: int, seed: int = 0) -> torch.Tensor:
     """[samples, seq_len] token ids from random offsets (seeded, so the same seed gives the same windows)."""

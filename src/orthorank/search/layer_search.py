@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 import torch.nn.functional as F
@@ -20,6 +20,9 @@ from orthorank.method.layer import SelectiveLayer, SequenceContext
 from orthorank.method.selection import SelectionConfig
 from orthorank.models.adapters import get_adapter
 from orthorank.models.loading import input_device
+
+if TYPE_CHECKING:
+    from orthorank.search.checkpoint import Checkpoint
 
 Config = dict[int, "nn.Module | SelectiveLayer | None"]
 
@@ -158,7 +161,7 @@ def greedy_search(
     screen_batches: int | None = None,
     recheck: int = 3,
     log: Callable[[str], None] | None = None,
-    checkpoint: "Checkpoint | None" = None,
+    checkpoint: Checkpoint | None = None,
 ) -> SearchResult:
     """SLEB's loop: at each step try the change in every remaining candidate layer and keep the one whose
     calibration loss is lowest (ties: the lower layer index).
@@ -237,7 +240,7 @@ def greedy_search(
 
 
 def one_shot_ppl(runner: StackRunner, candidates: list[int], progress: bool = True,
-                 checkpoint: "Checkpoint | None" = None) -> SearchResult:
+                 checkpoint: Checkpoint | None = None) -> SearchResult:
     """Shortened LLaMA's PPL criterion: remove each layer alone; the least harmful come first. With a `checkpoint`,
     each layer's score is stored as it is known (entry layer + 1) and stored scores are not recomputed."""
     from orthorank import distributed as dist

@@ -10,8 +10,67 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from orthorank.errors import UserError
-from orthorank.study.headroom import PolicyBudget
-from orthorank.study.transfer import ISSUE_SETTINGS, TransferBudget, TransferSetting
+from orthorank.search.calibration import DEFAULT_CALIB_BATCH as CALIB_BATCH
+from orthorank.search.calibration import FIRST_RACE_TOKENS  # racing from 2K tokens at any size
+
+# what every study evaluates: its text domains and zero-shot tasks
+DOMAINS = ("wikitext2", "c4", "code", "news")
+ZEROSHOT_TASKS = ("piqa", "winogrande", "hellaswag", "arc_easy", "arc_challenge")
+
+
+@dataclass(frozen=True)
+class TransferSetting:
+    source: str  # a calibration source of `calibrate --calib-data`
+    tokens: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.source}-{self.tokens // 1024}k" if self.tokens % 1024 == 0 else f"{self.source}-{self.tokens}"
+
+    def calibrate_flags(self, seq_len: int) -> list[str]:
+        first = min(1.0, FIRST_RACE_TOKENS / self.tokens)
+        return ["--calib-data", self.source, "--calib-tokens", str(self.tokens), "--seq-len", str(seq_len),
+                "--batch-size", str(CALIB_BATCH), "--screen-fraction", f"{first:g}"]
+
+
+@dataclass(frozen=True)
+class TransferBudget:
+    settings: tuple[TransferSetting, ...]
+    windows: int  # first windows of each domain
+    seq_len: int  # evaluation windows, and the length at which compute is matched
+    levels: tuple[float, ...]  # evaluated levels (plans are searched at every level of the budget)
+    calib_seq_len: int = 256  # calibration windows (batches of CALIB_BATCH)
+    calibrate_extra: tuple[str, ...] = ()
+
+    def caption(self) -> str:
+        return (f"calibration settings {', '.join(s.name for s in self.settings)}; evaluation on the first "
+                f"{self.windows} windows of {self.seq_len} tokens of {', '.join(DOMAINS)} (a slice)")
+
+
+# The issue's matrix: four sources at 8K tokens, and C4 at 2K and 32K for the size effect.
+ISSUE_SETTINGS = (TransferSetting("c4", 8192), TransferSetting("mix", 8192), TransferSetting("code", 8192),
+                  TransferSetting("wikitext2", 8192), TransferSetting("c4", 2048), TransferSetting("c4", 32768))
+
+
+# the rules a serving engine could compute, the paper's ablations, and the oracle (the bound)
+RULES = ("random", "inverse", "oracle", "norm", "attention", "prev-update")
+# modifiers of the paper's rule that keep a prompt's end updated (the long-input candidates)
+RECENT = ("orthogonal+recent=8", "orthogonal+recent=64", "orthogonal+recent=256")
+
+
+@dataclass(frozen=True)
+class PolicyBudget:
+    lengths: str  # the offline suite's prompt lengths
+    samples: int  # per suite task and length
+    tasks: tuple[str, ...]  # suite tasks
+    longbench_limit: int  # first multi_news examples
+    levels: tuple[float, ...] = (0.1, 0.2)
+    policies: tuple[str, ...] = RULES + RECENT
+    longbench_max_length: int | None = None  # prompt tokens before middle truncation (None: the model's context)
+
+    def caption(self) -> str:
+        return (f"long inputs: {', '.join(self.tasks)} at {self.lengths} tokens, {self.samples} samples per task "
+                f"and length; LongBench multi_news, the first {self.longbench_limit} examples (a slice)")
 
 
 @dataclass(frozen=True)

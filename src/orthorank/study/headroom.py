@@ -19,35 +19,12 @@ hours per model.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from orthorank.method.plan_store import sparsity_label
-
-if TYPE_CHECKING:
-    from orthorank.study.stages import StudyContext
-
-# the rules a serving engine could compute, the paper's ablations, and the oracle (the bound)
-RULES = ("random", "inverse", "oracle", "norm", "attention", "prev-update")
-# modifiers of the paper's rule that keep a prompt's end updated (the long-input candidates)
-RECENT = ("orthogonal+recent=8", "orthogonal+recent=64", "orthogonal+recent=256")
-
-
-@dataclass(frozen=True)
-class PolicyBudget:
-    lengths: str  # the offline suite's prompt lengths
-    samples: int  # per suite task and length
-    tasks: tuple[str, ...]  # suite tasks
-    longbench_limit: int  # first multi_news examples
-    levels: tuple[float, ...] = (0.1, 0.2)
-    policies: tuple[str, ...] = RULES + RECENT
-    longbench_max_length: int | None = None  # prompt tokens before middle truncation (None: the model's context)
-
-    def caption(self) -> str:
-        return (f"long inputs: {', '.join(self.tasks)} at {self.lengths} tokens, {self.samples} samples per task "
-                f"and length; LongBench multi_news, the first {self.longbench_limit} examples (a slice)")
-
+from orthorank.study.budgets import DOMAINS, ZEROSHOT_TASKS
+from orthorank.study.context import StudyContext
 
 def level_dir(ctx: StudyContext, level: float) -> Path:
     return ctx.out / "policies" / sparsity_label(level)
@@ -58,8 +35,6 @@ def policies_output(ctx: StudyContext) -> Path:
 
 
 def policies_argv(ctx: StudyContext) -> list[list[str]]:
-    from orthorank.study.stages import DOMAINS, ZEROSHOT_TASKS
-
     b, p = ctx.budget, ctx.budget.policies
     specs = ",".join(p.policies)
     cmds = []

@@ -16,7 +16,8 @@ from typing import Any
 
 from orthorank.errors import UserError
 from orthorank.results import atomic_write_text
-from orthorank.study.claims import CONTRADICTED, INCONCLUSIVE, NO_DIFFERENCE, SUPPORTED
+from orthorank.study.claims import (CONTRADICTED, INCONCLUSIVE, NO_DIFFERENCE, SUPPORTED, claim_interval_text,
+                                     headline)
 
 _COLORS = {SUPPORTED: "#d9f2d9", CONTRADICTED: "#f9d6d5", NO_DIFFERENCE: "#eeeeee", INCONCLUSIVE: "#fff3cd"}
 _STYLE = """body{font-family:system-ui,sans-serif;margin:1.5em auto;max-width:1200px;color:#222;padding:0 1em}
@@ -90,48 +91,13 @@ def _img(path: Path, figure: str) -> str:
     return f'<p><img data-figure="{name}" src="data:image/png;base64,{data}" alt="{name}"></p>'
 
 
-def _fmt_claim(c: dict[str, Any]) -> str:
-    from orthorank.evaluation.stats import Interval
-
-    return Interval(c["value"], c["low"], c["high"]).text(".3f")
-
-
 def claims_table(claims: list[dict[str, Any]]) -> str:
     rows = "".join(
         f"<tr><td>{html.escape(c['group'])}</td><td>{html.escape(c['claim'])}</td><td>{html.escape(c['setting'])}</td>"
-        f"<td>{html.escape(c['measure'])}</td><td>{_fmt_claim(c)}</td><td>{html.escape(c['n'])}</td>"
+        f"<td>{html.escape(c['measure'])}</td><td>{claim_interval_text(c)}</td><td>{html.escape(c['n'])}</td>"
         f"<td class='verdict' style='background:{_COLORS[c['verdict']]}'>{c['verdict']}</td></tr>" for c in claims)
     return ("<table id='claims'><tr><th>group</th><th>claim</th><th>setting</th><th>measure</th>"
             "<th>value [95% CI]</th><th>over</th><th>verdict</th></tr>" + rows + "</table>")
-
-
-def claims_markdown(claims: list[dict[str, Any]]) -> str:
-    lines = ["| group | claim | setting | measure | value [95% CI] | over | verdict |", "|---|---|---|---|---|---|---|"]
-    lines += [f"| {c['group']} | {c['claim']} | {c['setting']} | {c['measure']} | {_fmt_claim(c)} | {c['n']} | "
-              f"{c['verdict']} |" for c in claims]
-    return "\n".join(lines)
-
-
-def _less_favourable(c: dict[str, Any], cur: dict[str, Any]) -> bool:
-    if c["better"] == "equivalent":  # farther from the null
-        return abs(c["value"] - c["null"]) > abs(cur["value"] - cur["null"])
-    return c["value"] > cur["value"] if c["better"] == "lower" else c["value"] < cur["value"]
-
-
-def _headline(claims: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The one-screen table: per group and compared method, the worst case over domains (directional claims:
-    the least favourable interval), so a reader sees where each claim holds and where it fails."""
-    keyed: dict[tuple[str, str], dict[str, Any]] = {}
-    order = {CONTRADICTED: 0, NO_DIFFERENCE: 1, INCONCLUSIVE: 1, SUPPORTED: 2}
-    for c in claims:
-        level = c["setting"].split(" ")[0].rstrip(",")
-        key = (c["claim"], level)
-        cur = keyed.get(key)
-        worse = cur is None or order[c["verdict"]] < order[cur["verdict"]] or (
-            order[c["verdict"]] == order[cur["verdict"]] and _less_favourable(c, cur))
-        if worse:
-            keyed[key] = c
-    return list(keyed.values())
 
 
 def write_study_report(out: Path, study: dict[str, Any]) -> Path:
@@ -149,7 +115,7 @@ def write_study_report(out: Path, study: dict[str, Any]) -> Path:
              "wholly on the other side, no difference = it holds the null value; speed is an equivalence claim "
              "(supported inside +-10%, contradicted wholly outside, inconclusive across an edge). These are "
              f"measured on slices ({html.escape(study['budget_caption'])}).</p>",
-             claims_table(_headline(claims)),
+             claims_table(headline(claims)),
              "<details><summary>Every claim row</summary>" + claims_table(claims) + "</details>"]
     for folder, title, mds, figs in SECTIONS:
         dirs = sorted(out.glob(folder)) if "*" in folder else [out / folder]
@@ -187,7 +153,7 @@ def write_summary(dirs: list[Path], out: Path) -> Path:
     keys: list[tuple[str, str]] = []
     cells: dict[tuple[str, str], dict[str, dict]] = {}
     for s in studies:
-        for c in _headline(s["claims"]):
+        for c in headline(s["claims"]):
             key = (c["claim"], c["setting"].split(" ")[0].rstrip(","))
             if key not in cells:
                 keys.append(key)
@@ -202,7 +168,7 @@ def write_summary(dirs: list[Path], out: Path) -> Path:
         row = []
         for m in models:
             c = cells[key].get(m)
-            row.append(f"{_fmt_claim(c)} {c['setting'].split(' ', 1)[1] if ' ' in c['setting'] else ''} "
+            row.append(f"{claim_interval_text(c)} {c['setting'].split(' ', 1)[1] if ' ' in c['setting'] else ''} "
                        f"**{c['verdict']}**" if c else "-")
         lines.append(f"| {key[0]} | {key[1]} | " + " | ".join(row) + " |")
     md = "\n".join(lines) + "\n"

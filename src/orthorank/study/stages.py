@@ -8,45 +8,20 @@ every process runs the same stages and the commands shard their work as they do 
 from __future__ import annotations
 
 import json
-import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from orthorank.errors import UserError
-from orthorank.method.plan_store import PLANS_DIR, plan_relpath, sparsity_label
-from orthorank.study.budgets import Budget
+from orthorank.method.plan_store import sparsity_label
+from orthorank.study.budgets import DOMAINS, ZEROSHOT_TASKS, Budget
+from orthorank.study.context import StudyContext, hybrid_cost_table_argv
 from orthorank.study.headroom import finish_policies, policies_argv, policies_output
-from orthorank.study.transfer import (DOMAINS, after_command, render_matrix, transfer_argv, transfer_done,
-                                      transfer_output)
+from orthorank.study.transfer import after_command, render_matrix, transfer_argv, transfer_done, transfer_output
 
 SEARCHED = ("sleb", "shortgpt", "shortened-ppl", "orthorank")  # every method's plan, at every budget level
 THRESHOLD = "+decode=threshold"  # the plan's own policy with the threshold decode policy: one more OrthoRank row
-ZEROSHOT_TASKS = ("piqa", "winogrande", "hellaswag", "arc_easy", "arc_challenge")
-
-
-@dataclass
-class StudyContext:
-    model: str  # as the user gave it
-    model_name: str  # what plans record
-    out: Path
-    budget: Budget
-    common: list[str]  # --model/--dtype/--seed/--device/--threads for every command
-    data: list[str]  # --data-dir for the commands that read text (bench does not)
-    store: str | None
-    plans_root: Path  # plans/<model-name>/ lives under it: the current folder, where every command looks first
-    log: Callable[[str], None] = field(default=lambda m: print(m, file=sys.stderr, flush=True))
-
-    @property
-    def plans_dir(self) -> Path:
-        return self.plans_root / plan_relpath(self.model_name, "x", 0.1).parent.relative_to(PLANS_DIR)
-
-    def store_args(self) -> list[str]:
-        return ["--store", self.store] if self.store else ["--no-store"]
-
-    def levels(self, levels: tuple[float, ...]) -> str:
-        return ",".join(sparsity_label(s) for s in levels)
 
 
 @dataclass(frozen=True)
@@ -188,11 +163,6 @@ STAGES: list[Stage] = [
           "long inputs per rule, and the long-input fix decided from the intervals", policies_output, policies_argv,
           lambda b: b.policies is not None, finish=finish_policies, optional=True),
 ]
-
-
-def hybrid_cost_table_argv(ctx: StudyContext, table: Path) -> list[str]:
-    """This machine's cost table at the perplexity windows' length, where compute is matched too."""
-    return ["bench", *ctx.common, "--batch", "1", "--seq-len", str(ctx.budget.ppl_seq_len), "--cost-table", str(table)]
 
 
 def stage_names(optional: bool = True) -> list[str]:

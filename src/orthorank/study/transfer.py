@@ -13,56 +13,17 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
+from typing import Iterator
 
-from orthorank.cli.calibration_options import DEFAULT_CALIB_BATCH as CALIB_BATCH
-from orthorank.cli.calibration_options import FIRST_RACE_TOKENS  # racing from 2K tokens at any size
 from orthorank.method.plan_store import sparsity_label
+from orthorank.study.budgets import DOMAINS, TransferSetting
+from orthorank.study.context import StudyContext, hybrid_cost_table_argv
 
-if TYPE_CHECKING:
-    from orthorank.study.stages import StudyContext
-
-DOMAINS = ("wikitext2", "c4", "code", "news")
 METHODS = ("sleb", "shortgpt", "shortened-ppl", "orthorank", "hybrid")
 # In-domain: the evaluation domains a calibration source's text comes from (a mix: all of them).
 IN_DOMAIN = {"c4": {"c4"}, "wikitext2": {"wikitext2"}, "code": {"code"}, "news": {"news"},
              "mix": set(DOMAINS)}
-
-
-@dataclass(frozen=True)
-class TransferSetting:
-    source: str  # a calibration source of `calibrate --calib-data`
-    tokens: int
-
-    @property
-    def name(self) -> str:
-        return f"{self.source}-{self.tokens // 1024}k" if self.tokens % 1024 == 0 else f"{self.source}-{self.tokens}"
-
-    def calibrate_flags(self, seq_len: int) -> list[str]:
-        first = min(1.0, FIRST_RACE_TOKENS / self.tokens)
-        return ["--calib-data", self.source, "--calib-tokens", str(self.tokens), "--seq-len", str(seq_len),
-                "--batch-size", str(CALIB_BATCH), "--screen-fraction", f"{first:g}"]
-
-
-@dataclass(frozen=True)
-class TransferBudget:
-    settings: tuple[TransferSetting, ...]
-    windows: int  # first windows of each domain
-    seq_len: int  # evaluation windows, and the length at which compute is matched
-    levels: tuple[float, ...]  # evaluated levels (plans are searched at every level of the budget)
-    calib_seq_len: int = 256  # calibration windows (batches of CALIB_BATCH)
-    calibrate_extra: tuple[str, ...] = ()
-
-    def caption(self) -> str:
-        return (f"calibration settings {', '.join(s.name for s in self.settings)}; evaluation on the first "
-                f"{self.windows} windows of {self.seq_len} tokens of {', '.join(DOMAINS)} (a slice)")
-
-
-# The issue's matrix: four sources at 8K tokens, and C4 at 2K and 32K for the size effect.
-ISSUE_SETTINGS = (TransferSetting("c4", 8192), TransferSetting("mix", 8192), TransferSetting("code", 8192),
-                  TransferSetting("wikitext2", 8192), TransferSetting("c4", 2048), TransferSetting("c4", 32768))
 
 
 def setting_plans(ctx: StudyContext, setting: TransferSetting) -> Path:
@@ -80,8 +41,6 @@ def transfer_argv(ctx: StudyContext) -> Iterator[list[str]]:
     chosen default setting only, and that setting's evaluation again with its rows. The commands are yielded one
     at a time because the hybrid's setting is known only once the greedy pass has been evaluated; an evaluation
     already in the store costs only its reading."""
-    from orthorank.study.stages import hybrid_cost_table_argv
-
     b, t = ctx.budget, ctx.budget.transfer
     table = ctx.out / "hybrid" / "cost-table.json"
     order = sorted(t.settings, key=lambda s: s.tokens)
