@@ -15,6 +15,7 @@ from cli_helpers import assert_user_error, run_cli
 from orthorank.search.calibration import calibration_set, parse_mix
 from orthorank.errors import UserError
 from orthorank.evaluation.compare import dataset_stream
+from orthorank.evaluation.overlap import MAX_SHARED
 from orthorank.evaluation.data import DOMAINS, load_calibration_part, load_eval_part
 from orthorank.evaluation.overlap import MAX_SHARED, shared_share
 from orthorank.evaluation.perplexity import make_windows
@@ -208,9 +209,20 @@ def test_compare_refuses_windows_that_overlap_a_plans_calibration(tiny_hf_folder
                              "--calib-data", "wikitext2", "--calib-tokens", "16K", "--seq-len", "256",
                              "--out-dir", f"plans/{name}", "--measure-speed", "0", "--no-store")
     assert code == 0, err
-    assert_user_error(capsys, "--max-windows", "compare", "--model", tiny_hf_folder, "--methods", "dense,sleb",
-                      "--sparsity", "0.25", "--datasets", "wikitext2", "--seq-len", "256", "--out", "o",
-                      "--no-store")
+    code, out, err = run_cli(capsys, "compare", "--model", tiny_hf_folder, "--methods", "dense,sleb", "--sparsity",
+                             "0.25", "--datasets", "wikitext2", "--seq-len", "256", "--max-windows", "100000",
+                             "--out", "o", "--no-store")
+    assert code == 2 and "evaluate the windows before it (--max-windows " in err.strip().splitlines()[-1], err
+    first = int(err.split("(--max-windows ")[-1].split(")")[0])
+    # without --max-windows: the windows before the calibration text, said and recorded (from 3 windows before it)
+    code, out, err = run_cli(capsys, "compare", "--model", tiny_hf_folder, "--methods", "dense,sleb", "--sparsity",
+                             "0.25", "--datasets", "wikitext2", "--seq-len", "256", "--out", "o", "--no-store",
+                             "--skip-windows", str(first - 3))
+    assert code == 0, err
+    result = json.loads((tmp_path / "o" / "compare.json").read_text())
+    n = result["stopped_before_calibration"]["wikitext2"]
+    assert result["windows"]["wikitext2"] == n == 3 and f"the first {n} of its" in out
+    assert all(o["max_shared"] <= MAX_SHARED and o["windows_checked"] == n for o in result["calibration_overlap"])
     own = tmp_path / "mine.txt"
     own.write_text("A text of my own, about boats and rivers and the people on them. " * 400)
     code, out, err = run_cli(capsys, "calibrate", "--model", tiny_hf_folder, "--method", "sleb", "--sparsity", "0.25",

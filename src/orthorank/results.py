@@ -77,8 +77,17 @@ def environment(device: torch.device | str | None = None) -> dict[str, Any]:
 
 
 def check_writable(path: str | Path | None, overwrite: bool = False) -> None:
-    """Fail before any work if a result would overwrite a user's file."""
-    if path is not None and Path(path).exists() and not overwrite:
+    """Fail before any work if a result would overwrite a user's file, or could not be written at all because a
+    folder on its path is a file."""
+    if path is None:
+        return
+    path = Path(path)
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise UserError(f"cannot write {path}: {parent} is a file, not a folder")
+            break
+    if path.exists() and not overwrite:
         raise UserError(f"{path} exists; pass --overwrite to replace it")
 
 

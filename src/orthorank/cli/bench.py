@@ -18,8 +18,8 @@ from orthorank.method.cost import Arch
 from orthorank.methods import METHODS, get_method
 from orthorank.bench.runner import MODES, RunSettings, method_specs, run_layer, run_methods
 from orthorank.cli.common import (
-    add_model_args, add_output_args, add_selection_args, check_memory, finite_float, load_from_args, positive_int,
-    selection_from_args,
+    add_model_args, add_output_args, add_selection_args, check_memory, finite_float, load_from_args,
+    non_negative_int, positive_int, selection_from_args,
 )
 from orthorank.errors import UserError
 from orthorank.method.plan import Plan, check_sparsity
@@ -63,7 +63,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "cache and the step compiled with torch.compile; each method decodes its own copy of the "
                         "model; eager static cache with one warning where compile cannot run), or a comma-separated "
                         "list, run one after another (default eager)")
-    p.add_argument("--warmup", type=int, default=1, help="untimed runs per method first (default 1)")
+    p.add_argument("--warmup", type=non_negative_int, default=1, help="untimed runs per method first (default 1)")
     p.add_argument("--repeats", type=positive_int, default=5, help="timed runs per method (default 5)")
     p.add_argument("--cache", action="store_true", help="prefill: fill a KV cache, as generation does")
     p.add_argument("--fit-batch", action="store_true",

@@ -101,7 +101,7 @@ def run(args) -> int:
         args.match = [method.match]
     args.method = method.search
     search = get_search(method.search)
-    sparsities = parse_sparsities(args.sparsity)
+    sparsities = parse_sparsities(args.sparsity, search=True)
     if args.output and len(sparsities) > 1:
         raise UserError("-o takes one sparsity; use --out-dir for several")
     selection = selection_from_args(args)

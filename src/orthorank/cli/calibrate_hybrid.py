@@ -43,7 +43,7 @@ def _table_targets(args, table, parse_ratios, parse_sparsities, check_targets, s
         names = {t: [f"hybrid-{target_label(t)}.json"] for t in targets}
     else:
         levels = {}
-        for s in parse_sparsities(args.sparsity):
+        for s in parse_sparsities(args.sparsity, search=True):
             removed = min(L, math.ceil(s * L - 1e-9))
             if removed == 0:
                 raise UserError(f"sparsity {s:g} removes no layer of {L}; it names no speed-up")
@@ -101,7 +101,7 @@ def run_hybrid(args) -> int:
     if ratios_mode:
         table = None
         ratios = parse_ratios(args.ratios) if args.ratios is not None else list(DEFAULT_LAYER_RATIOS)
-        sparsities = parse_sparsities(args.sparsity)
+        sparsities = parse_sparsities(args.sparsity, search=True)
         names = {s: f"orthorank-ratios-{sparsity_label(s)}.json" for s in sparsities}
         if args.output and len(sparsities) > 1:
             raise UserError("-o takes one sparsity; use --out-dir for several")

@@ -26,10 +26,13 @@ def screen_batches(args, batches: int) -> int | None:
     return None if screen >= batches else screen
 
 
-def parse_sparsities(text: str) -> list[float]:
+def parse_sparsities(text: str, search: bool = False) -> list[float]:
+    """--sparsity values; search=True (a plan is searched for each): 0 asks for a plan that changes nothing."""
     values = number_list(text, "--sparsity")
     for v in values:
         check_sparsity(v)
+        if search and v == 0:
+            raise UserError("--sparsity 0 changes no layer, so there is nothing to search; give values in (0, 1)")
     return sorted(set(values))
 
 

@@ -46,6 +46,18 @@ def non_negative_int(text: str) -> int:
     return _int_at_least(text, 0, "0 or more")
 
 
+def variants_without_decode(text: str, command: str, where: str) -> list[str]:
+    """--policies of a command whose decode policy comes from elsewhere (longctx's --decode) or that never decodes
+    (selection-map): a +decode= modifier there would be dropped silently, so it is refused."""
+    from orthorank.method.policies import parse_variant, parse_variants
+
+    specs = parse_variants(text)
+    for spec in specs:
+        if "decode" in parse_variant(spec):
+            raise UserError(f"--policies {spec!r}: {command} {where}; write the variant without +decode=")
+    return specs
+
+
 def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=EMBEDDED_MODEL,
                    help=f"{EMBEDDED_MODEL} (embedded default), gemma3-270m, a .gguf file, an installed model package, "
@@ -79,7 +91,7 @@ def add_selection_args(p: argparse.ArgumentParser) -> None:
 
 def add_plan_args(p: argparse.ArgumentParser, methods=("dense", "orthorank", "prune"),
                   saved: bool = False) -> None:
-    p.add_argument("--method", choices=methods, default="dense")
+    p.add_argument("--method", choices=methods, default="dense" if "dense" in methods else methods[0])
     p.add_argument("--layers", default=None, help="comma-separated layer indices, e.g. 3,5,7")
     p.add_argument("--plan", default=None, help="JSON plan file (from `orthorank calibrate`)")
     if saved:

@@ -67,7 +67,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="add OrthoRank rows with other selection policies on the same layers and ratio (equal "
                         "compute): comma-separated NAME[+recent=W][+first=W][+decode=MODE], e.g. norm,attention,oracle,"
                         "orthogonal+recent=64; with random and oracle, a headroom table")
-    p.add_argument("--measure-speed", type=int, default=0, metavar="N",
+    p.add_argument("--measure-speed", type=non_negative_int, default=0, metavar="N",
                    help="also time one prefill window per row, N interleaved repeats, for the measured speed-up")
     p.add_argument("--continuation", action="store_true",
                    help="score each window's second half decoded one token at a time through the KV cache after a "
@@ -100,15 +100,18 @@ def _datasets(text: str) -> list[str]:
     return items
 
 
-def calibration_overlap(tokenizer, rows: list[Row], windows: dict, data_dir) -> list[dict]:
+def calibration_overlap(tokenizer, rows: list[Row], windows: dict, data_dir,
+                        stop_before: bool = False) -> tuple[list[dict], dict]:
     """Checks every plan's calibration windows against every dataset's evaluation windows (evaluation/overlap.py):
     the windows are rebuilt from the plan's recorded calibration (source, size, seed), and a dataset window that
-    shares more than MAX_SHARED of its 16-token runs with them stops the run before any evaluation."""
+    shares more than MAX_SHARED of its 16-token runs with them stops the run before any evaluation.
+    stop_before=True (no --max-windows given): a dataset is evaluated on its windows before the first such window
+    instead, as long as one is left. Returns (one record per plan and dataset, the windows to evaluate)."""
     from orthorank.search.calibration import calibration_set
     from orthorank.evaluation.overlap import MAX_SHARED, shared_share
 
     built: dict[str, object] = {}
-    out = []
+    shares = []  # (row, calibration, dataset, share per window)
     for row in rows:
         cal = row.plan.provenance.get("calibration") if row.plan.method != "dense" else None
         if not cal or "data" not in cal:
@@ -128,21 +131,30 @@ def calibration_overlap(tokenizer, rows: list[Row], windows: dict, data_dir) -> 
             raise UserError(f"the calibration windows of {row.method}@{row.level:g} ({cal['data']}) rebuild "
                             "differently from when the plan was made (data or tokenizer changed); cannot check them "
                             "against the evaluation windows")
-        for d, w in windows.items():
-            share = shared_share(w, cs.windows)
-            worst = int(share.argmax()) if share.size else 0
-            entry = {"row": row.method, "level": row.level, "calibration": cal["data"], "dataset": d,
-                     "max_shared": round(float(share.max()) if share.size else 0.0, 6), "window": worst,
-                     "windows_checked": int(w.shape[0])}
-            out.append(entry)
-            if entry["max_shared"] > MAX_SHARED:
-                first = int((share > MAX_SHARED).nonzero()[0][0])
-                hint = (f"evaluate the windows before it (--max-windows {first})" if first > 0
-                        else "use a plan calibrated on other text")
-                raise UserError(f"evaluation window {first} of {d} shares {100 * share[first]:.0f}% of its text "
-                                f"with the calibration windows of {row.method}@{row.level:g} ({cal['data']}); "
-                                f"{hint}")
-    return out
+        shares += [(row, cal, d, shared_share(w, cs.windows)) for d, w in windows.items()]
+    if stop_before:
+        cut = {}
+        for row, cal, d, share in shares:
+            hits = (share > MAX_SHARED).nonzero()[0]
+            if hits.size and hits[0] > 0:
+                cut[d] = min(cut.get(d, len(share)), int(hits[0]))
+        windows = {d: w[:cut[d]] if d in cut else w for d, w in windows.items()}
+        shares = [(row, cal, d, share[:cut[d]] if d in cut else share) for row, cal, d, share in shares]
+    out = []
+    for row, cal, d, share in shares:
+        worst = int(share.argmax()) if share.size else 0
+        entry = {"row": row.method, "level": row.level, "calibration": cal["data"], "dataset": d,
+                 "max_shared": round(float(share.max()) if share.size else 0.0, 6), "window": worst,
+                 "windows_checked": int(share.size)}
+        out.append(entry)
+        if entry["max_shared"] > MAX_SHARED:
+            first = int((share > MAX_SHARED).nonzero()[0][0])
+            hint = (f"evaluate the windows before it (--max-windows {first})" if first > 0
+                    else "use a plan calibrated on other text")
+            raise UserError(f"evaluation window {first} of {d} shares {100 * share[first]:.0f}% of its text "
+                            f"with the calibration windows of {row.method}@{row.level:g} ({cal['data']}); "
+                            f"{hint}")
+    return out, windows
 
 
 def _plan_path(lm, label: str, sparsity: float, plans_dir: str | None) -> Path:
@@ -220,8 +232,14 @@ def run(args) -> int:
     windows = {d: make_windows(s, args.seq_len, args.max_windows) for d, s in streams.items()}
     check_context(lm.model, args.seq_len)
     check_memory(lm, args.batch_size, args.seq_len, "compare", loss=True)
-    overlap = calibration_overlap(lm.tokenizer, rows, windows, args.data_dir)
     say = print if dist.is_main() else (lambda *a, **k: None)
+    whole = {d: int(w.shape[0]) for d, w in windows.items()}
+    overlap, windows = calibration_overlap(lm.tokenizer, rows, windows, args.data_dir,
+                                           stop_before=args.max_windows is None)
+    stopped = {d: int(w.shape[0]) for d, w in windows.items() if w.shape[0] < whole[d]}
+    for d, n in stopped.items():
+        say(f"compare: {d}: the first {n} of its {whole[d]} windows, the ones before the plans' calibration text "
+            "(--max-windows chooses)")
     from orthorank.store import model_fingerprint
 
     fp = model_fingerprint(lm.model)
@@ -289,7 +307,7 @@ def run(args) -> int:
                "rows": [r.to_dict(arch, args.seq_len) for r in rows], "comparisons": [c.to_dict() for c in comps],
                "plans": [r.plan.to_dict() for r in rows], "seconds": round(seconds, 1),
                "dataset_provenance": {d: p.provenance for d, p in parts.items()},
-               "calibration_overlap": overlap}
+               "calibration_overlap": overlap, "stopped_before_calibration": stopped}
     if datasets:
         payload["worst_domain"] = [w.to_dict() for w in worst_domains(comps)]
         payload["headroom"] = [h.to_dict() for h in headrooms(rows)]

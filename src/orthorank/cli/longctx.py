@@ -14,7 +14,7 @@ from typing import Any
 
 from orthorank.cli.common import (
     add_model_args, add_store_args, expected_model_name, finite_float, load_from_args, positive_int,
-    store_from_args,
+    store_from_args, variants_without_decode,
 )
 from orthorank.errors import UserError
 from orthorank.evaluation.longctx import Item, Row, fmt, fmt_diff, grouped, longctx_key, run_row, summarize
@@ -78,15 +78,9 @@ def _plan_path(args, model_name: str, label: str) -> Path:
 
 def _rows(args, lm) -> list[Row]:
     from orthorank.evaluation.compare import policy_plans
-    from orthorank.method.policies import parse_variants
-
-    policies = parse_variants(args.policies) if args.policies else []
+    policies = _variants(args)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    decodes = [d.strip() for d in args.decode.split(",") if d.strip()]
-    bad = [d for d in decodes if d not in DECODE_MODES]
-    if bad or not decodes:
-        raise UserError(f"unknown decode policy {bad[0] if bad else args.decode!r}; choose from "
-                        f"{', '.join(DECODE_MODES)}")
+    decodes = _decodes(args)
     rows = []
     for name in methods:
         method = get_method(name, ["dense", *searched()])
@@ -109,15 +103,29 @@ def _rows(args, lm) -> list[Row]:
 
 
 def _check_saved_plans(args) -> None:
-    """Missing plans fail before the model loads."""
+    """Missing plans and bad --policies or --decode fail before the model loads."""
     for name in (m.strip() for m in args.methods.split(",") if m.strip()):
         method = get_method(name, ["dense", *searched()])
         if method.plan_kind != "dense":
             _plan_path(args, expected_model_name(args.model), method.plan_label)
-    if args.policies:
-        from orthorank.method.policies import parse_variants
+    _variants(args)
+    _decodes(args)
 
-        parse_variants(args.policies)
+
+def _decodes(args) -> list[str]:
+    decodes = [d.strip() for d in args.decode.split(",") if d.strip()]
+    bad = [d for d in decodes if d not in DECODE_MODES]
+    if bad or not decodes:
+        raise UserError(f"unknown decode policy {bad[0] if bad else args.decode!r}; choose from "
+                        f"{', '.join(DECODE_MODES)}")
+    return decodes
+
+
+def _variants(args) -> list[str]:
+    if not args.policies:
+        return []
+    return variants_without_decode(args.policies, f"orthorank {args.command}",
+                                   "decodes every OrthoRank row under each policy of --decode")
 
 
 def _evaluate(args, lm, rows: list[Row], parts: list[tuple[str, list[Item], dict]], suite: str) -> dict[str, dict]:

@@ -24,8 +24,15 @@ COMMAND_MODULES = [
 ]
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """A usage error is one line on stderr and exit 2, like every other bad input; --help has the rest."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="orthorank",
         description="OrthoRank token selection for decoder LLMs, measured against layer pruning.",
     )

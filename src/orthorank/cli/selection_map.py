@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 from orthorank.cli.common import add_model_args, add_plan_args, check_plan_args, load_from_args, plan_for, \
-    saved_plan_path
+    positive_int, saved_plan_path, variants_without_decode
 from orthorank.errors import UserError
 from orthorank.results import atomic_write_bytes, atomic_write_text, check_writable, write_json
 
@@ -53,7 +53,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prompts", default="needle:2k,longbench:multi_news",
                    help="comma-separated: needle:LENGTH[:INDEX] (the long-context suite's niah_single sample), "
                         "longbench:TASK[:INDEX] (default: the first example that fits --max-tokens untruncated)")
-    p.add_argument("--max-tokens", type=int, default=2048, help="longest LongBench prompt taken (default 2048)")
+    p.add_argument("--max-tokens", type=positive_int, default=2048, help="longest LongBench prompt taken (default 2048)")
     p.add_argument("--policies", default=None, metavar="SPECS",
                    help="one map per policy variant on the plan's layers: NAME[+recent=W][+first=W], comma-separated")
     p.add_argument("--data-dir", default=None)
@@ -123,6 +123,20 @@ def _longbench(lm, spec: list[str], data_dir, max_tokens: int):
     raise UserError(f"no {spec[1]} example fits {max_tokens} tokens untruncated; raise --max-tokens")
 
 
+def _unknown_prompt(part: str) -> str:
+    return f"unknown prompt {part!r}; use needle:LENGTH[:INDEX] or longbench:TASK[:INDEX]"
+
+
+def check_prompt_kinds(text: str) -> None:
+    """The kinds of --prompts, before the model loads (their lengths and tasks are read with the data)."""
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    if not parts:
+        raise UserError("--prompts names no prompt")
+    for part in parts:
+        if part.split(":")[0] not in ("needle", "longbench"):
+            raise UserError(_unknown_prompt(part))
+
+
 def _prompts(lm, text: str, data_dir, max_tokens: int):
     out = []
     for part in (p.strip() for p in text.split(",") if p.strip()):
@@ -132,7 +146,7 @@ def _prompts(lm, text: str, data_dir, max_tokens: int):
         elif spec[0] == "longbench":
             out.append(_longbench(lm, spec, data_dir, max_tokens))
         else:
-            raise UserError(f"unknown prompt {part!r}; use needle:LENGTH[:INDEX] or longbench:TASK[:INDEX]")
+            raise UserError(_unknown_prompt(part))
     if not out:
         raise UserError("--prompts names no prompt")
     return out
@@ -142,12 +156,13 @@ def run(args) -> int:
     from orthorank.analysis.plots import selection_map_png
     from orthorank.analysis.selection_map import take_map
     from orthorank.evaluation.compare import policy_plans
-    from orthorank.method.policies import parse_variants
 
     out = Path(args.out)
     check_writable(out / MAP_JSON, args.overwrite)
-    policies = parse_variants(args.policies) if args.policies else None
+    policies = variants_without_decode(args.policies, "selection-map", "maps the prompt's prefill, which no "
+                                       "decode policy changes") if args.policies else None
     check_plan_args(args)
+    check_prompt_kinds(args.prompts)
     saved = saved_plan_path(args)
     lm = load_from_args(args)
     if lm.tokenizer is None:

@@ -31,6 +31,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--data-dir", default=None)
     p.add_argument("--store", default=None, help="result store (default: DIR/store)")
     p.add_argument("--summary", nargs="+", default=None, metavar="DIR", help="study folders to summarize")
+    p.add_argument("--overwrite", action="store_true",
+                   help="with --summary: replace summary files in --out that an earlier summary did not write")
     p.set_defaults(func=run)
 
 
@@ -58,7 +60,7 @@ def run(args) -> int:
     from orthorank.study.report import write_summary
 
     if args.summary:
-        path = write_summary([Path(d) for d in args.summary], Path(args.out))
+        path = write_summary([Path(d) for d in args.summary], Path(args.out), args.overwrite)
         print(Path(args.out) / "summary.md")
         print(path)
         return 0
@@ -68,6 +70,8 @@ def run(args) -> int:
 
     budget = get_budget(args.budget)
     wanted = stage_names(optional=False) if args.stages is None else [s.strip() for s in args.stages.split(",") if s.strip()]
+    if not wanted:
+        raise UserError(f"--stages {args.stages!r} names no stage; choose from {', '.join(stage_names())}")
     unknown = [s for s in wanted if s not in stage_names()]
     if unknown:
         raise UserError(f"unknown stage {', '.join(unknown)}; choose from {', '.join(stage_names())}")

@@ -139,14 +139,45 @@ def write_study_report(out: Path, study: dict[str, Any]) -> Path:
     return atomic_write_text(out / "report.html", page)
 
 
-def write_summary(dirs: list[Path], out: Path) -> Path:
+SUMMARY_FILES = ("summary.md", "summary.json", "summary.html")
+_STUDY_KEYS = ("model", "claims", "budget_caption")
+
+
+def _read_study(folder: Path) -> dict[str, Any]:
+    path = folder / "study.json"
+    if not path.is_file():
+        raise UserError(f"{folder} holds no study.json; run `orthorank study --out {folder}` first")
+    try:
+        study = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UserError(f"cannot read {path}: {exc}; run `orthorank study --out {folder}` again") from None
+    missing = [k for k in _STUDY_KEYS if not isinstance(study, dict) or k not in study]
+    if missing:
+        raise UserError(f"{path} is not a study written by `orthorank study` (no {', '.join(missing)}); run "
+                        f"`orthorank study --out {folder}` again")
+    return study
+
+
+def _check_summary_out(out: Path, overwrite: bool) -> None:
+    """The summary's folder may be rewritten by the next summary; files there that no summary wrote are the
+    user's, replaced only with --overwrite."""
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out} is a file, not a folder")
+    present = [out / f for f in SUMMARY_FILES if (out / f).exists()]
+    if not present or overwrite:
+        return
+    try:
+        ours = set(json.loads((out / "summary.json").read_text())) >= {"models", "studies", "cells"}
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, TypeError):
+        ours = False
+    if not ours:
+        raise UserError(f"{present[0]} exists and no earlier summary wrote it; pass --overwrite to replace it")
+
+
+def write_summary(dirs: list[Path], out: Path, overwrite: bool = False) -> Path:
     """Claims x models: one Markdown table, one page, one JSON, from the studies' study.json files."""
-    studies = []
-    for d in dirs:
-        path = Path(d) / "study.json"
-        if not path.is_file():
-            raise UserError(f"{d} holds no study.json; run `orthorank study --out {d}` first")
-        studies.append(json.loads(path.read_text()))
+    _check_summary_out(out, overwrite)
+    studies = [_read_study(Path(d)) for d in dirs]
     models = [s["model"] for s in studies]
     if len(set(models)) < len(models):
         raise UserError(f"two studies of the same model in --summary: {', '.join(models)}")
