@@ -68,45 +68,78 @@ def record(args) -> None:
                     "run_at_commit"})
 
 
+def _machine(run: dict) -> str:
+    env = run["environment"]
+    isa = env.get("cpu_isa")
+    if isa is None:  # runs recorded before the CPU's name and instruction sets were
+        return "the first machine (AVX-512 with bfloat16; name not recorded)"
+    return f"{env.get('device_name', 'cpu')} ({', '.join(isa) or 'no AVX2'})"
+
+
 def table(args) -> None:
     """Prints the table and writes it to FOLDER/study-time.md (docs/study.md quotes it)."""
     from orthorank.results import atomic_write_text
 
     runs = [json.loads(p.read_text()) for p in sorted(Path(args.folder).glob("*.json"))]
     lines = []
-    for budget in sorted({r["budget"] for r in runs}):
-        rows = sorted((r for r in runs if r["budget"] == budget), key=lambda r: r["environment"]["time_utc"])
+    # one table per budget and machine: a ratio between two machines' runs would measure the machines
+    for budget, machine in sorted({(r["budget"], _machine(r)) for r in runs}):
+        rows = sorted((r for r in runs if r["budget"] == budget and _machine(r) == machine),
+                      key=lambda r: r["environment"]["time_utc"])
         stages = list(dict.fromkeys(s for r in rows for s in r["stage_seconds"]))
-        lines += [f"Study time per stage, budget {budget}, {rows[0].get('model')}, 2 cores, one run each, a fresh "
-                  f"result store each run (labels: {', '.join(r['label'] + ' at ' + str(r.get('run_at_commit') or r['environment']['git_commit'])[:7] for r in rows)})", "",
-                  "| stage | " + " | ".join(f"{r['label']} (s)" for r in rows) + " | "
-                  + " | ".join(f"{r['label']} / {rows[0]['label']}" for r in rows[1:]) + " |",
+        lines += [f"Study time per stage, budget {budget}, {rows[0].get('model')}, 2 cores of {machine}, one run each, "
+                  f"a fresh result store each run (labels: {', '.join(r['label'] + ' at ' + str(r.get('run_at_commit') or r['environment']['git_commit'])[:7] for r in rows)})", "",
+                  ("| stage | " + "".join(f"{r['label']} (s) | " for r in rows)
+                   + "".join(f"{r['label']} / {rows[0]['label']} | " for r in rows[1:])).rstrip(),
                   "|" + "---|" * (2 * len(rows))]
         for s in stages + ["wall"]:
             vals = [r["wall_s"] if s == "wall" else r["stage_seconds"].get(s) for r in rows]
             ratios = [f"{v / vals[0]:.2f}" if v and vals[0] else "-" for v in vals[1:]]
-            lines.append(f"| {s} | " + " | ".join("-" if v is None else f"{v:.0f}" for v in vals) + " | "
-                         + " | ".join(ratios) + " |")
+            lines.append((f"| {s} | " + "".join(("-" if v is None else f"{v:.0f}") + " | " for v in vals)
+                          + "".join(f"{x} | " for x in ratios)).rstrip())
         lines.append("")
     text = "\n".join(lines)
     print(text)
     atomic_write_text(Path(args.folder) / "study-time.md", text)
 
 
-def _plan_searches(folder: Path) -> dict[str, float]:
-    """Seconds of each search behind a study's plans (one search gives both levels), from the plans' provenance."""
+def _plan_searches(folder: Path) -> dict[str, tuple[float | None, bool, int | None]]:
+    """Each search behind a study's plans (one search gives both levels), from the plans' provenance: its seconds,
+    whether they cover the whole search, and its move evaluations. Hybrid plans written before per-step timing
+    (no `search_resumed_steps`) and searches resumed from steps stored without seconds record only their last
+    run's time: a lower bound, marked so."""
     path = folder / "plans" / "plans.json"
     listed = json.loads(path.read_text()) if path.is_file() else {"plans": {}}
     plans = list(listed["plans"].values())
     plans_dir = ROOT / listed.get("plans_dir", "")
     if listed.get("plans_dir"):
         plans += [json.loads(f.read_text()) for f in sorted(plans_dir.glob("hybrid-0.*.json"))]
-    found: dict[str, float] = {}
+    found: dict[str, tuple[float | None, bool, int | None]] = {}
+    replayed: set[str] = set()
     for plan in plans:
         prov = plan.get("provenance", {})
-        if prov.get("search_seconds") is not None:
-            found[prov.get("search", plan.get("method"))] = float(prov["search_seconds"])
-    return found
+        if "search_seconds" not in prov:
+            continue
+        name = prov.get("search", plan.get("method"))
+        seconds = prov["search_seconds"]
+        # Plans from before per-step timing: a level written at 0 s after move evaluations was reached while an
+        # interrupted search's stored steps were replayed, so that search's times are its last run's only.
+        if "search_resumed_steps" not in prov and seconds == 0 and (prov.get("evaluations") or 0) > 0:
+            replayed.add(name)
+        whole = seconds is not None and (prov.get("search_resumed_steps") is not None or name not in replayed)
+        seen = found.get(name)
+        if seen is None or (seconds or 0) > (seen[0] or 0):  # the higher level's search ran longest
+            found[name] = (None if seconds is None else float(seconds), whole, prov.get("evaluations"))
+    return {k: (v[0], v[1] and k not in replayed, v[2]) for k, v in found.items()}
+
+
+def _search_row(name: str, seconds: float | None, whole: bool, evaluations: int | None) -> str:
+    evals = f"{evaluations} move evaluations" if evaluations else ""
+    if whole:
+        return f"| search {name} (both levels) | {seconds:.0f} | {seconds / 3600:.2f} |"
+    last = "unknown" if seconds is None else f">= {seconds:.0f}"
+    return (f"| search {name} (both levels; resumed across sessions, only its last run timed; {evals}) | {last} | "
+            f"{'-' if seconds is None else f'>= {seconds / 3600:.2f}'} |")
 
 
 def costs(args) -> None:
@@ -128,10 +161,17 @@ def costs(args) -> None:
                   f"(`{folder}/stage-seconds.json`, the plans' provenance):", "",
                   "| part | seconds | hours |", "|---|---|---|"]
         lines += [f"| stage {k} | {v:.0f} | {v / 3600:.2f} |" for k, v in core.items()]
-        lines.append(f"| **stages** | **{sum(core.values()):.0f}** | **{sum(core.values()) / 3600:.2f}** |" if core else
-                     "| stages | not recorded yet: a study writes its stage seconds when its last stage ends | |")
-        lines += [f"| search {k} (both levels) | {v:.0f} | {v / 3600:.2f} |" for k, v in searches.items()]
-        lines.append(f"| **searches** | **{sum(searches.values()):.0f}** | **{sum(searches.values()) / 3600:.2f}** |")
+        missing = [n for n in stage_names(optional=False) if n not in core]
+        label = "stages recorded" if missing else "stages"
+        lines.append(f"| **{label}** | **{sum(core.values()):.0f}** | **{sum(core.values()) / 3600:.2f}** |" if core else
+                     "| stages | none recorded yet | |")
+        lines += [_search_row(k, *v) for k, v in searches.items()]
+        total = sum(v[0] or 0.0 for v in searches.values())
+        bound = "" if all(v[1] for v in searches.values()) else ">= "
+        lines.append(f"| **searches** | **{bound}{total:.0f}** | **{bound}{total / 3600:.2f}** |")
+        if missing:
+            lines += ["", f"No time recorded for stage {', '.join(missing)}: run by sessions that ended before the "
+                      "study did, when stage times were written only at a study's end (now: as each stage ends)."]
         if optional:  # resumed across sessions: its last run's seconds are not its cost (docs/transfer.md has that)
             lines += ["", f"Optional stages not counted: {', '.join(optional)}."]
         lines.append("")

@@ -15,7 +15,6 @@ from cli_helpers import assert_user_error, run_cli
 from orthorank.search.calibration import calibration_set, parse_mix
 from orthorank.errors import UserError
 from orthorank.evaluation.compare import dataset_stream
-from orthorank.evaluation.overlap import MAX_SHARED
 from orthorank.evaluation.data import DOMAINS, load_calibration_part, load_eval_part
 from orthorank.evaluation.overlap import MAX_SHARED, shared_share
 from orthorank.evaluation.perplexity import make_windows

@@ -69,6 +69,33 @@ def test_fewer_steps_take_the_stored_prefix_and_more_steps_go_on(tmp_path):
     assert ck.resumed == 2 and longer.order == full.order and longer.losses == full.losses
 
 
+def test_a_resumed_search_states_the_seconds_of_all_its_runs(tmp_path, monkeypatch):
+    """Each step stores the search's seconds up to it, summed over runs, so a plan written by a resumed hybrid search
+    states the whole search's time; steps stored before per-step timing make it unknown (None), never one run's."""
+    import orthorank.search.checkpoint as checkpoint
+
+    clock = iter([100.0, 100.0, 130.0, 150.0,    # run 1: started, loaded, steps 1 and 2 at 30 s and 50 s
+                  500.0, 500.0, 520.0])          # run 2 (resumed after step 2): step 3 20 s later
+    monkeypatch.setattr(checkpoint.time, "perf_counter", lambda: next(clock))
+    store = ResultStore(tmp_path / "store")
+    ck = Checkpoint(store.namespace("search", {"k": 1}))
+    ck.load()
+    ck.put(1, {"loss": 1.0})
+    ck.put(2, {"loss": 2.0})
+    again = Checkpoint(store.namespace("search", {"k": 1}))
+    again.load()
+    again.put(3, {"loss": 3.0})
+    assert (again.seconds_at(2), again.seconds_at(3)) == (50.0, 70.0)
+    # steps stored by an older version, without seconds: the whole search's time is unknown
+    store.namespace("search", {"k": 2}).put({1: {"loss": 1.0}})
+    monkeypatch.setattr(checkpoint.time, "perf_counter", lambda: 0.0)
+    old = Checkpoint(store.namespace("search", {"k": 2}))
+    old.load()
+    old.put(2, {"loss": 2.0})
+    assert old.earlier_seconds is None and old.seconds_at(2) is None
+    assert "seconds" not in store.namespace("search", {"k": 2}).load()[2]
+
+
 def test_checkpoint_key_separates_settings(tmp_path):
     """Another selection ratio or other calibration windows is another search, never mixed up with this one."""
     store = ResultStore(tmp_path / "store")

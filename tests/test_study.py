@@ -333,5 +333,16 @@ def test_study_costs_sum_the_stage_seconds_and_each_search_once(tmp_path):
     out = tmp_path / "costs.md"
     study_time.main(["costs", str(folder), "--out", str(out)])
     text = out.read_text()
-    assert "| **stages** | **100** |" in text and "| **searches** | **1150** |" in text
+    assert "| **stages recorded** | **100** |" in text and "| **searches** | **1150** |" in text
+    assert "No time recorded for stage plans, zeroshot," in text  # the stages the folder holds no time for
     assert "Optional stages not counted: transfer." in text
+    # a hybrid search resumed across sessions before per-step timing: its 0.1 plan was written during the replay
+    # (0 s after 600 evaluations), so its 0.2 plan's seconds are its last run's only, a lower bound
+    resumed = lambda s, n: {"method": "hybrid", "provenance": {"search": "hybrid", "search_seconds": s,  # noqa: E731
+                                                               "evaluations": n}}
+    (plans_dir / "hybrid-0.1.json").write_text(json.dumps(resumed(0.0, 600)))
+    (plans_dir / "hybrid-0.2.json").write_text(json.dumps(resumed(1000, 900)))
+    study_time.main(["costs", str(folder), "--out", str(out)])
+    text = out.read_text()
+    assert "resumed across sessions, only its last run timed; 900 move evaluations) | >= 1000 |" in text
+    assert "| **searches** | **>= 1150** |" in text

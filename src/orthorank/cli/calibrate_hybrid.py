@@ -203,7 +203,9 @@ def run_hybrid(args) -> int:
                 "calibration": calib.provenance,
                 "search_mode": "exhaustive" if screen is None else {"race": {"first_batches": screen,
                                                                              "keep": args.recheck, "alpha": ALPHA}},
-                "search_seconds": round(result.seconds, 2),  # up to this target
+                # up to this target, over every run of a resumed search (None: steps stored before per-step timing)
+                "search_seconds": _rounded(checkpoint.seconds_at(n)),
+                "search_resumed_steps": checkpoint.resumed,
                 "search_device": f"{lm.device} x {dist.world_size()}, dtype "
                                  f"{str(lm.model.dtype).removeprefix('torch.')}, {torch.get_num_threads()} threads",
                 "evaluations": result.evaluations,
@@ -243,3 +245,7 @@ def run_hybrid(args) -> int:
             dataclasses.replace(plan, target_sparsity=level).save(path, overwrite=args.overwrite)
             print(f"  wrote {path}")
     return 0
+
+
+def _rounded(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds, 2)

@@ -102,6 +102,8 @@ def run(args) -> int:
         _check_manifest(out, manifest, write=True)  # after a stage ran: the model spec has been loaded once
         if took is not None:
             seconds[stage.name] = round(took, 1)
+            if dist.is_main():  # now, not at the end: a study resumed over sessions keeps every stage's time
+                _record_seconds(ctx.out, {stage.name: seconds[stage.name]})
     if dist.is_main():
         _report(args, ctx, seconds, time.time() - started)
     return 0
@@ -144,21 +146,29 @@ def _check_manifest(out: Path, manifest: dict, write: bool) -> None:
         atomic_write_text(path, json.dumps(manifest, indent=1) + "\n")
 
 
-def _report(args, ctx, seconds: dict[str, float], total: float) -> None:
+def _record_seconds(out: Path, seconds: dict[str, float]) -> dict[str, float]:
+    """Merge stage seconds into DIR/stage-seconds.json (a stage run again replaces its earlier time)."""
     import json
 
+    from orthorank.results import atomic_write_text
+
+    timing_file = out / "stage-seconds.json"
+    earlier = json.loads(timing_file.read_text()) if timing_file.is_file() else {}
+    merged = {**earlier, **seconds}
+    atomic_write_text(timing_file, json.dumps(merged, indent=1) + "\n")
+    return merged
+
+
+def _report(args, ctx, seconds: dict[str, float], total: float) -> None:
     from orthorank.cli.common import load_from_args
-    from orthorank.results import atomic_write_text, environment
+    from orthorank.results import environment
     from orthorank.study.claims import claims_markdown, study_claims, tally
     from orthorank.study.report import write_study_report
     from orthorank.study.stages import STAGES
 
     lm = load_from_args(args)
     claims = [c.to_json() for c in study_claims(ctx.out, ctx.budget)]
-    timing_file = ctx.out / "stage-seconds.json"
-    earlier = json.loads(timing_file.read_text()) if timing_file.is_file() else {}
-    all_seconds = {**earlier, **seconds}
-    atomic_write_text(timing_file, json.dumps(all_seconds, indent=1) + "\n")
+    all_seconds = _record_seconds(ctx.out, seconds)
     finished = [s.name for s in STAGES if s.done(s.output(ctx))]
     study = {"model": ctx.model_name, "spec": ctx.model, "loaded": lm.description(), "budget": ctx.budget.to_json(),
              "budget_caption": ctx.budget.caption(), "finished": finished,

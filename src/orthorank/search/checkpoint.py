@@ -8,11 +8,13 @@ same command reads the finished steps, replays them (one forward pass to rebuild
 on; since every step is deterministic, the resumed search writes the same plan as an uninterrupted one
 (tests/test_resume.py). A search asked for fewer steps than are stored takes the prefix: greedy orders are nested.
 
-Entries: index 0 holds the dense calibration loss; index k >= 1 the k-th step (its layer, loss and evaluations).
-One-shot searches store one entry per candidate layer (its score)."""
+Entries: index 0 holds the dense calibration loss; index k >= 1 the k-th step (its layer, loss, evaluations and the
+search's seconds up to it, summed over every run that took part, so a plan written by a resumed search states the
+whole search's time, not only its last run's). One-shot searches store one entry per candidate layer (its score)."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch
@@ -45,6 +47,11 @@ class Checkpoint:
         self.namespace = namespace
         self.written = 0
         self.resumed = 0
+        self._started = time.perf_counter()
+        # The search's seconds before this run (from the last stored step); None where stored steps predate
+        # per-step timing, so that a plan never states one run's time as the whole search's.
+        self.earlier_seconds: float | None = 0.0
+        self._seconds: dict[int, float | None] = {}
 
     @classmethod
     def open(cls, store: ResultStore | None, runner, search: str, settings: dict[str, Any],
@@ -60,16 +67,33 @@ class Checkpoint:
     def load(self) -> dict[int, Any]:
         from orthorank import distributed as dist
 
+        self._started = time.perf_counter()
         if self.namespace is None:
             return {}
-        return dist.broadcast(self.namespace.load() if dist.is_main() else None)
+        done = dist.broadcast(self.namespace.load() if dist.is_main() else None)
+        steps = stored_steps(done)
+        self.earlier_seconds = _seconds(steps[-1]) if steps else 0.0
+        self._seconds = {i: _seconds(v) for i, v in done.items()}
+        return done
 
     def put(self, index: int, value: Any) -> None:
         from orthorank import distributed as dist
 
+        if isinstance(value, dict) and "seconds" not in value and self.earlier_seconds is not None:
+            value = {**value, "seconds": round(self.earlier_seconds + time.perf_counter() - self._started, 2)}
+        self._seconds[index] = _seconds(value)
         if self.namespace is not None and dist.is_main():
             self.namespace.put({index: value})
             self.written += 1
+
+    def seconds_at(self, index: int) -> float | None:
+        """The search's seconds up to step `index`, over all its runs; None where unknown (a step stored before
+        per-step timing, or a search without a store whose step was never put)."""
+        return self._seconds.get(index)
+
+
+def _seconds(entry: Any) -> float | None:
+    return float(entry["seconds"]) if isinstance(entry, dict) and entry.get("seconds") is not None else None
 
 
 def stored_steps(done: dict[int, Any]) -> list[Any]:
