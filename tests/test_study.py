@@ -143,6 +143,9 @@ def test_study_end_to_end_resumes_and_summarizes(capsys, tiny_long_folder, tmp_p
     assert not oracle["fix"] and "runs the layers densely: no speed-up" in oracle["why_not"]  # never a fix
     assert choice["default"] in policies
     assert list(json.loads((out / "policies" / "policies.json").read_text())["levels"]) == ["0.2"]
+    headroom = (out / "policies" / "headroom.md").read_text()  # the levels side by side: bounds, then shares
+    assert "| orthorank (policy oracle) | 0.2 |" in headroom and "| orthorank (the paper's rule) | 0.2 |" in headroom
+    assert headroom.index("Perplexity at each level") < headroom.index("Share of the oracle's headroom")
     assert "Selection policies" in (out / "report.html").read_text()
 
     import browser_check

@@ -12,7 +12,8 @@ rule has OrthoRank's compute; the oracle runs its selection layers densely to ch
   on every long-context row, not worse than the paper's rule on WikiText-2 and C4) and whether the default moves.
 
 DIR/policies/<level>/ holds each command's output and policy-choice.{md,json}; DIR/policies/policies.{md,json}
-gathers them (the stage is finished when policies.json exists). It runs only when named (`--stages policies`):
+gathers them (the stage is finished when policies.json exists) and DIR/policies/headroom.md puts the levels' headroom
+side by side: the perplexity of SLEB, the paper's rule, random selection and the oracle, and each rule's share. It runs only when named (`--stages policies`):
 hours per model.
 """
 
@@ -84,6 +85,46 @@ def finish_policies(ctx: StudyContext) -> dict[str, Any]:
                                          "worst_domain": compare.get("worst_domain")}
         lines += [f"## {level:g} sparsity", "", (d / "compare" / "compare.md").read_text().strip(), "", text, ""]
     atomic_write_text(ctx.out / "policies" / "policies.md", "\n".join(lines).rstrip() + "\n")
+    compares = {level: json.loads((level_dir(ctx, level) / "compare" / "compare.json").read_text())
+                for level in b.policies.levels}
+    caption = (f"{ctx.model_name}, {b.caption()}: every rule on OrthoRank's own plan at each level (its layers and "
+               "keep ratio, so OrthoRank's compute); the oracle runs those layers densely to choose (an upper bound, "
+               "never a speed-up)")
+    atomic_write_text(ctx.out / "policies" / "headroom.md", headroom_markdown(compares, caption) + "\n")
     data = {"model": ctx.model_name, "budget": b.name, "levels": levels}
     atomic_write_text(policies_output(ctx), json.dumps(data, indent=1, default=str) + "\n")
     return data
+
+
+_BOUNDS = ("sleb", "orthorank", "orthorank (policy random)", "orthorank (policy oracle)")
+
+
+def headroom_markdown(compares: dict[float, dict[str, Any]], caption: str) -> str:
+    """Two tables across levels: the perplexity of SLEB, the paper's rule, random and the oracle (what the shares
+    are measured between), then each rule's share of the oracle's headroom, both with 95% intervals."""
+    datasets = list(dict.fromkeys(d for c in compares.values() for d in c.get("datasets", [])))
+    ppl = [f"Perplexity at each level ({caption}; 95% bootstrap intervals over windows):", "",
+           "| row | level | " + " | ".join(datasets) + " |", "|---|---|" + "---|" * len(datasets)]
+    share = ["Share of the oracle's headroom over random selection, (ppl_random - ppl_rule) / (ppl_random - "
+             "ppl_oracle), paired 95% bootstrap interval over the same windows (1 = the oracle, 0 = random):", "",
+             "| rule | level | " + " | ".join(datasets) + " |", "|---|---|" + "---|" * len(datasets)]
+    for level, c in compares.items():
+        rows = {(r["method"], r["level"]): r for r in c.get("rows", [])}
+        for method in _BOUNDS:
+            r = rows.get((method, level))
+            if r is None:
+                continue
+            name = {"orthorank": "orthorank (the paper's rule)"}.get(method, method)
+            cells = [f"{r[d]['perplexity']:.2f} [{r[d]['ci95'][0]:.2f}, {r[d]['ci95'][1]:.2f}]" if d in r else "-"
+                     for d in datasets]
+            ppl.append(f"| {name} | {level:g} | " + " | ".join(cells) + " |")
+        by_rule: dict[str, dict[str, dict]] = {}
+        for h in c.get("headroom") or []:
+            if h["level"] == level:
+                by_rule.setdefault(h["method"], {})[h["dataset"]] = h
+        for method, by_d in by_rule.items():
+            name = {"orthorank": "orthorank (the paper's rule)"}.get(method, method)
+            cells = [f"{by_d[d]['share']:.2f} [{by_d[d]['ci95'][0]:.2f}, {by_d[d]['ci95'][1]:.2f}]"
+                     if d in by_d and by_d[d]["share"] is not None else "-" for d in datasets]
+            share.append(f"| {name} | {level:g} | " + " | ".join(cells) + " |")
+    return "\n".join(ppl + [""] + share)
