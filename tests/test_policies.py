@@ -295,7 +295,7 @@ def test_selection_map_marks_spans_and_matches_last_keep(tiny_hf_folder, tmp_pat
 def test_policy_choice_is_computed_from_the_intervals(tmp_path):
     import json
 
-    from orthorank.study.long_inputs import decide, main
+    from orthorank.study.long_inputs import decide, main, markdown
 
     def ratio(a, b, d, v, lo, hi):
         return {"a": a, "a_level": 0.2, "b": b, "b_level": 0.2, "dataset": d, "ratio": v, "ci95": [lo, hi]}
@@ -326,6 +326,12 @@ def test_policy_choice_is_computed_from_the_intervals(tmp_path):
     assert not by["orthogonal+recent=64"]["fix"]
     assert by["orthogonal+recent=64"]["why_not"] == ["worse than the paper's rule on c4"]
     assert result["fixes"] == ["norm"]
+    assert result["paper_worse_than_sleb_on"] == ["suite 1024"]
+    # where the paper's rule is not worse than SLEB on any long row, the page says there is nothing to fix
+    level = json.loads(json.dumps(longctx))
+    level["summary"]["1024"]["paired"]["orthorank 0.2 (dense decode) vs sleb 0.2"] = diff(2, 0, 7)
+    calm = decide(compare, level, None, 0.2)
+    assert calm["paper_worse_than_sleb_on"] == [] and "no long-input loss to fix" in markdown(calm, "c")
     (tmp_path / "c.json").write_text(json.dumps(compare))
     (tmp_path / "l.json").write_text(json.dumps(longctx))
     assert main(["--compare", str(tmp_path / "c.json"), "--longctx", str(tmp_path / "l.json"), "--out",

@@ -58,10 +58,45 @@ def policies_argv(ctx: StudyContext) -> list[list[str]]:
     return cmds
 
 
+def level_choice(ctx: StudyContext, level: float) -> dict[str, Any]:
+    """Decide one level from its three results and write DIR/policies/<level>/policy-choice.{md,json} (a level is
+    decided as soon as its own results exist; the stage finishes when every level is)."""
+    from orthorank.results import atomic_write_text
+    from orthorank.study.long_inputs import decide, markdown
+
+    b, d = ctx.budget, level_dir(ctx, level)
+    compare = json.loads((d / "compare" / "compare.json").read_text())
+    longctx = json.loads((d / "longctx" / "longctx.json").read_text())
+    longbench = json.loads((d / "longbench" / "longbench.json").read_text())
+    result = decide(compare, [longctx], longbench, level)
+    caption = (f"Selection policies at {level:g} on {ctx.model_name}: perplexity ratio to the paper's rule "
+               f"({b.ppl_windows} windows of {b.ppl_seq_len} tokens per domain); paired difference to SLEB on "
+               f"the long-context suite and LongBench ({b.policies.caption()}); paired 95% intervals, ** = "
+               "excludes no difference.")
+    text = markdown(result, caption)
+    atomic_write_text(d / "policy-choice.md", text + "\n")
+    atomic_write_text(d / "policy-choice.json", json.dumps(result, indent=1) + "\n")
+    return {"headroom": compare.get("headroom"), "choice": result, "worst_domain": compare.get("worst_domain"),
+            "text": text}
+
+
+def write_headroom(ctx: StudyContext, levels: list[float]) -> Path:
+    """DIR/policies/headroom.md from the levels whose compare has run."""
+    from orthorank.results import atomic_write_text
+
+    compares = {level: json.loads((level_dir(ctx, level) / "compare" / "compare.json").read_text())
+                for level in levels}
+    caption = (f"{ctx.model_name}, {ctx.budget.caption()}: every rule on OrthoRank's own plan at each level (its "
+               "layers and keep ratio, so OrthoRank's compute); the oracle runs those layers densely to choose (an "
+               "upper bound, never a speed-up)")
+    path = ctx.out / "policies" / "headroom.md"
+    atomic_write_text(path, headroom_markdown(compares, caption) + "\n")
+    return path
+
+
 def finish_policies(ctx: StudyContext) -> dict[str, Any]:
     """Decide per level from the three results, and gather the headroom tables and the decisions."""
     from orthorank.results import atomic_write_text
-    from orthorank.study.long_inputs import decide, markdown
 
     b = ctx.budget
     levels, lines = {}, [f"# Selection policies: {ctx.model_name}", "",
@@ -70,27 +105,12 @@ def finish_policies(ctx: StudyContext) -> dict[str, Any]:
                          "selection layers densely to choose (an upper bound, never a speed-up).", ""]
     for level in b.policies.levels:
         d = level_dir(ctx, level)
-        compare = json.loads((d / "compare" / "compare.json").read_text())
-        longctx = json.loads((d / "longctx" / "longctx.json").read_text())
-        longbench = json.loads((d / "longbench" / "longbench.json").read_text())
-        result = decide(compare, [longctx], longbench, level)
-        caption = (f"Selection policies at {level:g} on {ctx.model_name}: perplexity ratio to the paper's rule "
-                   f"({b.ppl_windows} windows of {b.ppl_seq_len} tokens per domain); paired difference to SLEB on "
-                   f"the long-context suite and LongBench ({b.policies.caption()}); paired 95% intervals, ** = "
-                   "excludes no difference.")
-        text = markdown(result, caption)
-        atomic_write_text(d / "policy-choice.md", text + "\n")
-        atomic_write_text(d / "policy-choice.json", json.dumps(result, indent=1) + "\n")
-        levels[sparsity_label(level)] = {"headroom": compare.get("headroom"), "choice": result,
-                                         "worst_domain": compare.get("worst_domain")}
+        one = level_choice(ctx, level)
+        text = one.pop("text")
+        levels[sparsity_label(level)] = one
         lines += [f"## {level:g} sparsity", "", (d / "compare" / "compare.md").read_text().strip(), "", text, ""]
     atomic_write_text(ctx.out / "policies" / "policies.md", "\n".join(lines).rstrip() + "\n")
-    compares = {level: json.loads((level_dir(ctx, level) / "compare" / "compare.json").read_text())
-                for level in b.policies.levels}
-    caption = (f"{ctx.model_name}, {b.caption()}: every rule on OrthoRank's own plan at each level (its layers and "
-               "keep ratio, so OrthoRank's compute); the oracle runs those layers densely to choose (an upper bound, "
-               "never a speed-up)")
-    atomic_write_text(ctx.out / "policies" / "headroom.md", headroom_markdown(compares, caption) + "\n")
+    write_headroom(ctx, list(b.policies.levels))
     data = {"model": ctx.model_name, "budget": b.name, "levels": levels}
     atomic_write_text(policies_output(ctx), json.dumps(data, indent=1, default=str) + "\n")
     return data

@@ -144,7 +144,11 @@ def decide(compare: dict, longctx: dict | list[dict] | None, longbench: dict | N
                      "long_context_vs_sleb": gen_sleb, "long_context_vs_paper": gen_paper})
     fixes = [r["policy"] for r in rows if r["fix"]]
     defaults = [r["policy"] for r in rows if r["default_candidate"]]
-    return {"level": level, "rows": rows, "fixes": fixes,
+    # Whether there is anything to fix: the paper's rule against SLEB on the same long-context rows
+    paper = next((r for r in rows if r["policy"] == PAPER), None)
+    paper_worse = None if paper is None or not paper["long_context_vs_sleb"] else sorted(
+        k for k, v in paper["long_context_vs_sleb"].items() if v["high"] < 0)
+    return {"level": level, "rows": rows, "fixes": fixes, "paper_worse_than_sleb_on": paper_worse,
             "default": defaults[0] if len(defaults) == 1 else PAPER,
             "default_reason": (f"{defaults[0]} is better than the paper's rule on every perplexity domain and not "
                                "worse on any long-context row" if len(defaults) == 1 else
@@ -180,6 +184,11 @@ def markdown(result: dict, caption: str) -> str:
     lines += ["", f"Long-input fixes (not worse than SLEB on every long-context row, not worse than the paper's rule "
                   f"on {' and '.join(FIX_DOMAINS)}): {', '.join(result['fixes']) or 'none'}. Default: "
                   f"{result['default']} ({result['default_reason']})."]
+    worse = result.get("paper_worse_than_sleb_on")
+    if worse is not None:
+        lines.append("The paper's rule itself is " + (f"worse than SLEB on {', '.join(worse)}." if worse else
+                     "not worse than SLEB on any long-context row measured here: at this level and on these plans "
+                     "there is no long-input loss to fix."))
     return "\n".join(lines)
 
 
