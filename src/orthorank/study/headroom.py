@@ -12,9 +12,9 @@ rule has OrthoRank's compute; the oracle runs its selection layers densely to ch
   on every long-context row, not worse than the paper's rule on WikiText-2 and C4) and whether the default moves.
 
 DIR/policies/<level>/ holds each command's output and policy-choice.{md,json}; DIR/policies/policies.{md,json}
-gathers them (the stage is finished when policies.json exists) and DIR/policies/headroom.md puts the levels' headroom
-side by side: the perplexity of SLEB, the paper's rule, random selection and the oracle, and each rule's share. It runs only when named (`--stages policies`):
-hours per model.
+gathers them (the stage is finished when policies.json exists), and DIR/policies/headroom.md puts the levels side by
+side: the perplexity of SLEB, the paper's rule, random selection and the oracle, and each rule's share. It runs only
+when named (`--stages policies`): hours per model.
 """
 
 from __future__ import annotations
@@ -58,9 +58,10 @@ def policies_argv(ctx: StudyContext) -> list[list[str]]:
     return cmds
 
 
-def level_choice(ctx: StudyContext, level: float) -> dict[str, Any]:
-    """Decide one level from its three results and write DIR/policies/<level>/policy-choice.{md,json} (a level is
-    decided as soon as its own results exist; the stage finishes when every level is)."""
+def level_choice(ctx: StudyContext, level: float) -> tuple[dict[str, Any], str]:
+    """Decide one level from its three results and write DIR/policies/<level>/policy-choice.{md,json}; the level's
+    entry of policies.json and the decision's Markdown. The stage calls it for every level at its end; it needs only
+    that level's results, so a level can be decided by hand before the other one has run."""
     from orthorank.results import atomic_write_text
     from orthorank.study.long_inputs import decide, markdown
 
@@ -76,8 +77,7 @@ def level_choice(ctx: StudyContext, level: float) -> dict[str, Any]:
     text = markdown(result, caption)
     atomic_write_text(d / "policy-choice.md", text + "\n")
     atomic_write_text(d / "policy-choice.json", json.dumps(result, indent=1) + "\n")
-    return {"headroom": compare.get("headroom"), "choice": result, "worst_domain": compare.get("worst_domain"),
-            "text": text}
+    return {"headroom": compare.get("headroom"), "choice": result, "worst_domain": compare.get("worst_domain")}, text
 
 
 def write_headroom(ctx: StudyContext, levels: list[float]) -> Path:
@@ -105,9 +105,7 @@ def finish_policies(ctx: StudyContext) -> dict[str, Any]:
                          "selection layers densely to choose (an upper bound, never a speed-up).", ""]
     for level in b.policies.levels:
         d = level_dir(ctx, level)
-        one = level_choice(ctx, level)
-        text = one.pop("text")
-        levels[sparsity_label(level)] = one
+        levels[sparsity_label(level)], text = level_choice(ctx, level)
         lines += [f"## {level:g} sparsity", "", (d / "compare" / "compare.md").read_text().strip(), "", text, ""]
     atomic_write_text(ctx.out / "policies" / "policies.md", "\n".join(lines).rstrip() + "\n")
     write_headroom(ctx, list(b.policies.levels))
@@ -117,6 +115,14 @@ def finish_policies(ctx: StudyContext) -> dict[str, Any]:
 
 
 _BOUNDS = ("sleb", "orthorank", "orthorank (policy random)", "orthorank (policy oracle)")
+
+
+def _label(method: str) -> str:
+    return "orthorank (the paper's rule)" if method == "orthorank" else method
+
+
+def _with_ci(value: float | None, ci: list[float]) -> str:
+    return "-" if value is None else f"{value:.2f} [{ci[0]:.2f}, {ci[1]:.2f}]"
 
 
 def headroom_markdown(compares: dict[float, dict[str, Any]], caption: str) -> str:
@@ -134,17 +140,13 @@ def headroom_markdown(compares: dict[float, dict[str, Any]], caption: str) -> st
             r = rows.get((method, level))
             if r is None:
                 continue
-            name = {"orthorank": "orthorank (the paper's rule)"}.get(method, method)
-            cells = [f"{r[d]['perplexity']:.2f} [{r[d]['ci95'][0]:.2f}, {r[d]['ci95'][1]:.2f}]" if d in r else "-"
-                     for d in datasets]
-            ppl.append(f"| {name} | {level:g} | " + " | ".join(cells) + " |")
+            cells = [_with_ci(r[d]["perplexity"], r[d]["ci95"]) if d in r else "-" for d in datasets]
+            ppl.append(f"| {_label(method)} | {level:g} | " + " | ".join(cells) + " |")
         by_rule: dict[str, dict[str, dict]] = {}
         for h in c.get("headroom") or []:
             if h["level"] == level:
                 by_rule.setdefault(h["method"], {})[h["dataset"]] = h
         for method, by_d in by_rule.items():
-            name = {"orthorank": "orthorank (the paper's rule)"}.get(method, method)
-            cells = [f"{by_d[d]['share']:.2f} [{by_d[d]['ci95'][0]:.2f}, {by_d[d]['ci95'][1]:.2f}]"
-                     if d in by_d and by_d[d]["share"] is not None else "-" for d in datasets]
-            share.append(f"| {name} | {level:g} | " + " | ".join(cells) + " |")
+            cells = [_with_ci(by_d[d]["share"], by_d[d]["ci95"]) if d in by_d else "-" for d in datasets]
+            share.append(f"| {_label(method)} | {level:g} | " + " | ".join(cells) + " |")
     return "\n".join(ppl + [""] + share)
