@@ -6,6 +6,8 @@
 # Thin calls of `orthorank bench --mode layer --seq-len L1,L2,...`; the table is `python -m orthorank.bench.report`.
 #
 # Usage: benchmarks/length_scaling.sh [OUT_DIR]   (default benchmarks/results/length-scaling; ~25 min on 2 cores)
+#   PROFILE=1 adds a torch.profiler breakdown per row (self time per operator family, and how far each family is
+#   from its share of the ideal); REPEATS (default 3) and BIG_REPEATS (the 7B/8B shapes, default 2) set the rounds.
 # Run it alone: two processes sharing two cores time each other.
 set -euo pipefail
 
@@ -16,9 +18,11 @@ export PYTHONPATH="$ROOT/src${PYTHONPATH:+:$PYTHONPATH}"
 THREADS=${THREADS:-2}
 DTYPE=${DTYPE:-float32}
 REPEATS=${REPEATS:-3}
+BIG_REPEATS=${BIG_REPEATS:-2}
 mkdir -p "$OUT"
 BENCH=("$PY" -m orthorank.cli.main bench --device cpu --overwrite --threads "$THREADS" --dtype "$DTYPE" --mode layer
        --warmup 1)
+if [[ ${PROFILE:-0} == 1 ]]; then BENCH+=(--profile); fi
 
 "${BENCH[@]}" --model smollm2-135m-shape --num-layers 2 --seq-len 1024,2048,4096,8192,16384,32768 \
   --repeats "$REPEATS" --json "$OUT/smollm2-135m-shape.json"
@@ -29,7 +33,7 @@ for index in 1 5; do
 done
 # 7B/8B shapes: one dense layer at 16k tokens takes minutes on this CPU; 1k and 4k here
 for shape in llama2-7b llama3-8b; do
-  "${BENCH[@]}" --model "$shape" --num-layers 2 --seq-len 1024,4096 --repeats 2 --json "$OUT/$shape.json"
+  "${BENCH[@]}" --model "$shape" --num-layers 2 --seq-len 1024,4096 --repeats "$BIG_REPEATS" --json "$OUT/$shape.json"
 done
 
-"$PY" -m orthorank.bench.report "$OUT"/*.json | tee "$OUT/length-scaling.md"
+"$PY" -m orthorank.bench.report --brief "$OUT"/*.json | tee "$OUT/length-scaling.md"

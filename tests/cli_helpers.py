@@ -6,7 +6,10 @@ from orthorank.cli.main import main
 
 
 def run_cli(capsys, *argv):
-    code = main([str(a) for a in argv])
+    try:
+        code = main([str(a) for a in argv])
+    except SystemExit as exc:  # a usage error (argparse) exits from inside parse_args, one line on stderr
+        code = exc.code
     out, err = capsys.readouterr()
     return code, out, err
 

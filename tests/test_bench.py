@@ -162,8 +162,21 @@ def test_layer_profile_sorts_operators_into_families(tmp_path, capsys):
     assert set(cats) == {"attention kernel", "matmul", "gather / scatter / copy", "sort / top-K", "elementwise"}
     assert cats["matmul"]["dense_ms"] > 0 and cats["matmul"]["selective_ms"] > 0
     assert cats["sort / top-K"]["dense_ms"] == 0 and cats["sort / top-K"]["selective_over_dense"] is None
-    assert "aten::" in prof["dense_layer"]
+    assert "aten::" in prof["dense_layer"] and prof["calls"] == 3
     assert "matmul" in capsys.readouterr().out
+    # the gap to the ideal, split by family: the families' excesses add up to the gap (their ideals are the FLOP
+    # model's parts; on this tiny shape attention's FLOPs are a small share, so within a few points)
+    from orthorank.bench.report import GAP_PARTS, markdown_table, profile_gap
+
+    run = data["runs"][0]
+    gap = profile_gap(run)
+    assert gap["gap"] == pytest.approx(gap["fraction"] - run["ideal_selective_cost_fraction"])
+    assert sum(gap[k] for k in GAP_PARTS) == pytest.approx(gap["gap"], abs=0.08)
+    table = markdown_table([data])
+    assert "| profiled cost fraction |" in table and "mean of 3 profiled calls" in table
+    brief = markdown_table([data], family_rows=False)  # `report --brief`: the gap table without the families' ms
+    assert "| operator family |" in table and "| operator family |" not in brief
+    assert "| profiled cost fraction |" in brief
 
 
 

@@ -212,7 +212,6 @@ def test_generate_cli_bad_input(capsys, tmp_path, tiny_hf_folder):
     assert code == 0 and ("compile)" in err or "decoding eagerly" in err)
 
 
-@pytest.mark.data  # the context-length check runs after the suite's haystack text is read
 def test_longctx_cli_bad_input(capsys, tiny_hf_folder, tmp_path):
     m = ["--model", str(tiny_hf_folder), "--methods", "dense", "--out", str(tmp_path / "o")]
     assert_user_error(capsys, "unknown task", "longctx", *m, "--tasks", "sudoku")

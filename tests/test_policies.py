@@ -35,7 +35,6 @@ def test_registry_refuses_unknown_policies_with_the_list():
     assert SelectionConfig(keep_recent=4).to_dict()["keep_recent"] == 4
 
 
-@pytest.mark.data  # ppl reads its text before it builds the plan that names the policy
 def test_policy_on_the_command_line_is_a_one_line_error(capsys, tiny_hf_folder):
     assert_user_error(capsys, "unknown selection policy 'nope'", "ppl", "--model", str(tiny_hf_folder), "--method",
                       "orthorank", "--layers", "1", "--policy", "nope")

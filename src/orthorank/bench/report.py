@@ -72,8 +72,9 @@ def _device(rec: dict[str, Any]) -> str:
     return str(env.get("device_name") or env.get("device", "?"))
 
 
-def markdown_table(records: list[dict[str, Any]]) -> str:
-    """One row per (file, run, method): the docs/results.md throughput table."""
+def markdown_table(records: list[dict[str, Any]], family_rows: bool = True) -> str:
+    """One row per (file, run, method): the docs/results.md throughput table. Profiled layer runs add the gap to
+    the ideal per operator family, and with family_rows each family's milliseconds."""
     out = ["| model | device | dtype | mode | batch x tokens | method | layers changed | tokens/s | speed-up "
            "| speed-up, best runs | vs layer removal | ideal | % of ideal | bandwidth bound (tokens/s) |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -119,7 +120,7 @@ def markdown_table(records: list[dict[str, Any]]) -> str:
         out.append("\n\\* the path selection layers take at that length (full-attention layers on CPU; older "
                    "records without the mark: masked)")
         profiled = [(rec, run) for rec, run in layer_rows if (run.get("profile") or {}).get("categories")]
-        if profiled:
+        if profiled and family_rows:
             out += ["", "| model | batch x tokens | layer | operator family | dense layer ms | selective layer ms | "
                     "selective / dense |", "|---|---|---|---|---|---|---|"]
             for rec, run in profiled:
@@ -129,9 +130,52 @@ def markdown_table(records: list[dict[str, Any]]) -> str:
                     ratio = c["selective_ms"] / c["dense_ms"] if c["dense_ms"] > 0 else None
                     out.append(f"| {rec['model']} | {run['batch']} x {run['seq_len']} | {run.get('layer_index', '-')} | "
                                f"{name} | {c['dense_ms']:.1f} | {c['selective_ms']:.1f} | {_f(ratio, '.3f')} |")
-            out.append("\nSelf time per operator family in one profiled call of each layer (torch.profiler; "
-                       "`orthorank bench --mode layer --profile`)")
+            out.append(f"\nSelf time per operator family per call of each layer, the mean of {_calls(profiled)} "
+                       "profiled calls (torch.profiler; `orthorank bench --mode layer --profile`)")
+        if profiled:
+            out += ["", "| model | batch x tokens | layer | profiled cost fraction | ideal | % of ideal | gap | "
+                    "attention kernel | matmul | gather / scatter / copy / sort | elementwise |",
+                    "|---|---|---|---|---|---|---|---|---|---|---|"]
+            for rec, run in profiled:
+                gap = profile_gap(run)
+                out.append(f"| {rec['model']} | {run['batch']} x {run['seq_len']} | {run.get('layer_index', '-')} | "
+                           f"{gap['fraction']:.3f} | {gap['ideal']:.3f} | {100 * gap['ideal'] / gap['fraction']:.1f} | "
+                           + " | ".join(f"{100 * gap[k]:+.1f}" for k in ("gap", *GAP_PARTS)) + " |")
+            out.append(f"\nWhere the profiled selective layer's cost (the mean of {_calls(profiled)} profiled calls) "
+                       "exceeds the FLOP ideal, in points of the dense layer's time: the gap, and each operator "
+                       "family's excess over its own ideal (attention: the dense kernel's time times the selected "
+                       "share of queries; the others: the dense layer's time "
+                       "in that family times the weights-only ideal, sorting 0). The families' ideals are the FLOP "
+                       "model's parts, so the excesses add up to the gap within a point or two.")
     return "\n".join(out)
+
+
+GAP_PARTS = ("attention kernel", "matmul", "gather / scatter / copy / sort", "elementwise")
+
+
+def profile_gap(run: dict[str, Any]) -> dict[str, float]:
+    """A profiled layer run's cost over its FLOP ideal, split by operator family, as fractions of the dense
+    layer's profiled time (see the caption in markdown_table)."""
+    cats = run["profile"]["categories"]
+    dense = sum(c["dense_ms"] for c in cats.values())
+    selective = sum(c["selective_ms"] for c in cats.values())
+    query_share = run["kept_tokens_per_row"] / run["seq_len"]
+    weights = run["ideal_selective_cost_fraction_weights_only"]
+
+    def excess(names: tuple[str, ...], share: float) -> float:
+        return sum(cats[n]["selective_ms"] - share * cats[n]["dense_ms"] for n in names) / dense
+
+    return {"fraction": selective / dense, "ideal": run["ideal_selective_cost_fraction"],
+            "gap": selective / dense - run["ideal_selective_cost_fraction"],
+            "attention kernel": excess(("attention kernel",), query_share),
+            "matmul": excess(("matmul",), weights),
+            "gather / scatter / copy / sort": (excess(("gather / scatter / copy",), weights)
+                                               + excess(("sort / top-K",), 0.0)),
+            "elementwise": excess(("elementwise",), weights)}
+
+
+def _calls(profiled: list[tuple[dict[str, Any], dict[str, Any]]]) -> str:
+    return " or ".join(str(c) for c in sorted({run["profile"].get("calls", 1) for _, run in profiled}))
 
 
 def _used(a: dict[str, Any], path: str) -> str:
@@ -139,9 +183,11 @@ def _used(a: dict[str, Any], path: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    paths = sys.argv[1:] if argv is None else argv
+    paths = list(sys.argv[1:] if argv is None else argv)
+    brief = "--brief" in paths  # profiled layer runs: the gap table without each family's milliseconds
+    paths = [p for p in paths if p != "--brief"]
     if not paths:
-        print("usage: python -m orthorank.bench.report RESULT.json ...", file=sys.stderr)
+        print("usage: python -m orthorank.bench.report [--brief] RESULT.json ...", file=sys.stderr)
         return 2
     records = []
     for p in paths:
@@ -149,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
             data = json.loads(f.read_text())
             if data.get("command") == "bench":
                 records.append(data)
-    print(markdown_table(records))
+    print(markdown_table(records, family_rows=not brief))
     return 0
 
 

@@ -9,6 +9,7 @@ order each round) so that drift of the machine's speed hits all of them alike.
 from __future__ import annotations
 
 import gc
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -613,25 +614,43 @@ def profile_category(op: str) -> str:
     return "elementwise"
 
 
-def _profile(fns: dict[str, Callable[[], Any]], device: torch.device, rows: int = 18) -> dict[str, Any]:
-    """The operator table of one dense and one selective layer call, and their self time per operator family
-    (`categories`, ms): where the selective layer spends more than its share of the dense layer's time."""
+def profile_families(fn: Callable[[], Any], device: torch.device, calls: int = 1,
+                     rows: int = 18) -> tuple[str, dict[str, float], float]:
+    """fn's operator table (its first profiled call), its self time per operator family in ms and its wall time
+    in ms, each the mean of `calls` profiled calls. Time between operators (Python, dispatch) is in no family."""
     from torch.profiler import ProfilerActivity, profile
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
-    out: dict[str, Any] = {}
-    categories: dict[str, dict[str, float]] = {}
-    for name in ("dense_layer", "selective_layer"):
+    table = ""
+    totals = {c: 0.0 for c, _ in PROFILE_CATEGORIES} | {"elementwise": 0.0}
+    wall = 0.0
+    for i in range(calls):
         with profile(activities=acts) as p:
-            fns[name]()
+            start = time.perf_counter()
+            fn()
             synchronize(device)
+            wall += (time.perf_counter() - start) * 1e3 / calls
         averages = p.key_averages()
-        out[name] = averages.table(sort_by=key, row_limit=rows)
-        totals = {c: 0.0 for c, _ in PROFILE_CATEGORIES} | {"elementwise": 0.0}
+        if i == 0:
+            table = averages.table(sort_by=key, row_limit=rows)
         for event in averages:
-            totals[profile_category(event.key)] += getattr(event, key) / 1e3
-        categories[name] = totals
+            totals[profile_category(event.key)] += getattr(event, key) / 1e3 / calls
+    return table, totals, wall
+
+
+def _profile(fns: dict[str, Callable[[], Any]], device: torch.device, calls: int = 3) -> dict[str, Any]:
+    """The operator tables of the dense and the selective layer, and their self time per operator family per call
+    (`categories`, ms; the mean of `calls` profiled calls, alternating dense and selective so both see the same
+    machine): where the selective layer spends more than its share of the dense layer's time."""
+    out: dict[str, Any] = {"calls": calls}
+    categories: dict[str, dict[str, float]] = {}
+    for i in range(calls):
+        for name in ("dense_layer", "selective_layer"):
+            table, totals, _ = profile_families(fns[name], device)
+            if i == 0:
+                out[name] = table
+            categories[name] = {c: categories.get(name, {}).get(c, 0.0) + v / calls for c, v in totals.items()}
     out["categories"] = {c: {"dense_ms": categories["dense_layer"][c], "selective_ms": categories["selective_layer"][c],
                              "selective_over_dense": (categories["selective_layer"][c] / categories["dense_layer"][c]
                                                       if categories["dense_layer"][c] > 0 else None)}

@@ -18,6 +18,13 @@ from orthorank.methods import searched
 from orthorank.models.loading import EMBEDDED_MODEL, LoadedModel, load_model
 
 
+def policy_name(text: str) -> str:
+    """--policy is checked as it is parsed, before a command reads any data or model."""
+    if text not in ORDERS:
+        raise argparse.ArgumentTypeError(f"unknown selection policy {text!r}; choose one of {', '.join(ORDERS)}")
+    return text
+
+
 def finite_float(text: str) -> float:
     try:
         value = float(text)
@@ -77,7 +84,7 @@ def add_selection_args(p: argparse.ArgumentParser) -> None:
                    "(default 0.33)")
     p.add_argument("--criterion", choices=CRITERIA, default=None, help="|<x_sink,x_i>| (dot) or |cos|")
     p.add_argument("--source", choices=SOURCES, default=None, help="score normalized (default) or raw states")
-    p.add_argument("--policy", "--order", dest="order", default=None, metavar="NAME",
+    p.add_argument("--policy", "--order", dest="order", type=policy_name, default=None, metavar="NAME",
                    help=f"which tokens a selection layer updates: {', '.join(ORDERS)} (default orthogonal, the "
                         "paper's; random and inverse are its ablations; oracle runs the layer densely: an upper "
                         "bound, never a speed-up)")

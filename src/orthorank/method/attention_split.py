@@ -48,11 +48,11 @@ def split_attention(qh: torch.Tensor, q_pos: torch.Tensor, k: torch.Tensor, v: t
         o, lse = _flash(qg, k[:, :, :P], v[:, :, :P], scale)
         E = min(S, int(last) + 1)
         if E > P:
-            allowed = k_pos[None, None, P:E] <= q_pos[:, a:b, None]  # [B, n, E - P]: the chunk's diagonal
-            add = torch.zeros(allowed.shape, dtype=qh.dtype, device=qh.device).masked_fill_(~allowed, float("-inf"))
-            add = add[:, None].expand(B, G, n, E - P).reshape(B, 1, G * n, E - P)
+            # the chunk's diagonal, built at its folded rows' positions: one pass over the mask, no expanded copy
+            rows = q_pos[:, None, a:b].expand(B, G, n).reshape(B, 1, G * n, 1)
+            add = torch.where(k_pos[P:E] <= rows, 0.0, float("-inf")).to(qh.dtype)  # [B, 1, G * n, E - P]
             o_d, lse_d = _flash(qg, k[:, :, P:E], v[:, :, P:E], scale, add)
-            seen = allowed.any(-1)[:, None].expand(B, G, n).reshape(B, 1, G * n)
+            seen = rows[..., 0] >= P  # a query sees a diagonal key iff it lies past the prefix
             lse_d = lse_d.masked_fill(~seen, float("-inf"))  # a row with no diagonal key: the kernel says 0
             both = torch.logaddexp(lse, lse_d)
             o = o * torch.exp(lse - both)[..., None] + torch.nan_to_num(o_d) * torch.exp(lse_d - both)[..., None]
