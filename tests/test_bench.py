@@ -495,6 +495,23 @@ def test_split_attention_equals_the_masked_kernel(B, H, Hkv, S, K, chunks):
     torch.testing.assert_close(got.transpose(1, 2).reshape(B, K, H * 16), ref, rtol=1e-5, atol=1e-5)
 
 
+def test_split_attention_in_bfloat16_stays_in_bfloat16():
+    """The diagonal's mask is built in the queries' dtype: a bfloat16 split equals the float32 one to bf16 rounding."""
+    from orthorank.method import attention_split
+
+    if not attention_split.available():
+        pytest.skip("this torch has no CPU flash kernel returning the log-sum-exp")
+    gen = torch.Generator().manual_seed(7)
+    q, k, v = torch.randn(1, 8, 100, 16, generator=gen), torch.randn(1, 2, 300, 16, generator=gen), \
+        torch.randn(1, 2, 300, 16, generator=gen)
+    pos = torch.sort(torch.randperm(299, generator=gen)[:100] + 1).values[None]
+    chunks = _chunks(100, 300, 4, 8)
+    ref = attention_split.split_attention(q, pos, k, v, 0.25, chunks)
+    got = attention_split.split_attention(q.bfloat16(), pos, k.bfloat16(), v.bfloat16(), 0.25, chunks)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), ref, rtol=0.05, atol=0.05)
+
+
 @pytest.mark.parametrize("groups", [1, 3, 4, 8])
 @pytest.mark.parametrize("K", [20, 338, 1352, 5407, 10813, 43000])
 def test_split_chunks_fill_whole_query_blocks(groups, K):

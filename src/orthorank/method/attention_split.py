@@ -41,6 +41,7 @@ def split_attention(qh: torch.Tensor, q_pos: torch.Tensor, k: torch.Tensor, v: t
     out = torch.empty((B, H, K, d), dtype=qh.dtype, device=qh.device)
     bounds = torch.stack([torch.stack([q_pos[:, a].amin(), q_pos[:, b - 1].amax()]) for a, b in chunks]).tolist()
     k_pos = torch.arange(S, device=qh.device)
+    zero, minus_inf = qh.new_zeros(()), qh.new_full((), float("-inf"))
     for (a, b), (first, last) in zip(chunks, bounds):
         n = b - a
         qg = qh[:, :, a:b].reshape(B, Hkv, G * n, d)  # head h = kv head h // G: the group folds into the queries
@@ -50,7 +51,7 @@ def split_attention(qh: torch.Tensor, q_pos: torch.Tensor, k: torch.Tensor, v: t
         if E > P:
             # the chunk's diagonal, built at its folded rows' positions: one pass over the mask, no expanded copy
             rows = q_pos[:, None, a:b].expand(B, G, n).reshape(B, 1, G * n, 1)
-            add = torch.where(k_pos[P:E] <= rows, 0.0, float("-inf")).to(qh.dtype)  # [B, 1, G * n, E - P]
+            add = torch.where(k_pos[P:E] <= rows, zero, minus_inf)  # [B, 1, G * n, E - P], in q's dtype
             o_d, lse_d = _flash(qg, k[:, :, P:E], v[:, :, P:E], scale, add)
             seen = rows[..., 0] >= P  # a query sees a diagonal key iff it lies past the prefix
             lse_d = lse_d.masked_fill(~seen, float("-inf"))  # a row with no diagonal key: the kernel says 0
