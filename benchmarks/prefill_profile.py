@@ -1,7 +1,8 @@
 """Where a whole prefill's time goes, per method: dense, layer removal and OrthoRank at the same compute (evenly
 spread layers, as `bench --methods dense,spread-prune,spread-orthorank`), timed in interleaved rounds and profiled
 (torch.profiler self time per operator family, the mean of a few profiled calls). The profiled calls' wall time
-that no operator's self time covers is Python and dispatch between operators ("outside operators").
+that no operator's self time covers is Python and dispatch between operators, and the profiler's own bookkeeping
+("outside operators": an upper bound on the first two).
 
     .venv/bin/python benchmarks/prefill_profile.py --seq-len 8192 --rounds 7 \\
         --out benchmarks/results/prefill-length/profile-8k.json

@@ -170,8 +170,15 @@ def test_layer_profile_sorts_operators_into_families(tmp_path, capsys):
 
     run = data["runs"][0]
     gap = profile_gap(run)
-    assert gap["gap"] == pytest.approx(gap["fraction"] - run["ideal_selective_cost_fraction"])
+    cats = run["profile"]["categories"]
+    dense, sel = (sum(c[k] for c in cats.values()) for k in ("dense_ms", "selective_ms"))
+    assert gap["fraction"] == pytest.approx(sel / dense)
+    attention = cats["attention kernel"]
+    assert gap["attention kernel"] == pytest.approx(
+        (attention["selective_ms"] - run["kept_tokens_per_row"] / run["seq_len"] * attention["dense_ms"]) / dense)
     assert sum(gap[k] for k in GAP_PARTS) == pytest.approx(gap["gap"], abs=0.08)
+    empty = {**run, "profile": {"categories": {c: {"dense_ms": 0.0, "selective_ms": 0.0} for c in cats}}}
+    assert profile_gap(empty) is None  # a profile that recorded no time gives no gap, not a division by zero
     table = markdown_table([data])
     assert "| profiled cost fraction |" in table and "mean of 3 profiled calls" in table
     brief = markdown_table([data], family_rows=False)  # `report --brief`: the gap table without the families' ms
@@ -476,7 +483,7 @@ def test_bench_policies_need_an_orthorank_row(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("B,H,Hkv,S,K,chunks", [(1, 9, 3, 700, 240, 4), (2, 4, 4, 300, 100, 3), (1, 8, 2, 2048, 600, 32),
-                                                (1, 4, 1, 64, 64, 2)])
+                                                (1, 4, 1, 64, 64, 2), (2, 8, 2, 700, 240, 4)])
 def test_split_attention_equals_the_masked_kernel(B, H, Hkv, S, K, chunks):
     """The prefix (unmasked) + diagonal (masked) split, merged by log-sum-exp, gives the masked SDPA's output for
     selected queries at their positions, grouped-query heads included; every query seeing only itself (K = S) too."""

@@ -138,6 +138,8 @@ def markdown_table(records: list[dict[str, Any]], family_rows: bool = True) -> s
                     "|---|---|---|---|---|---|---|---|---|---|---|"]
             for rec, run in profiled:
                 gap = profile_gap(run)
+                if gap is None:
+                    continue
                 out.append(f"| {rec['model']} | {run['batch']} x {run['seq_len']} | {run.get('layer_index', '-')} | "
                            f"{gap['fraction']:.3f} | {gap['ideal']:.3f} | {100 * gap['ideal'] / gap['fraction']:.1f} | "
                            + " | ".join(f"{100 * gap[k]:+.1f}" for k in ("gap", *GAP_PARTS)) + " |")
@@ -145,20 +147,23 @@ def markdown_table(records: list[dict[str, Any]], family_rows: bool = True) -> s
                        "exceeds the FLOP ideal, in points of the dense layer's time: the gap, and each operator "
                        "family's excess over its own ideal (attention: the dense kernel's time times the selected "
                        "share of queries; the others: the dense layer's time "
-                       "in that family times the weights-only ideal, sorting 0). The families' ideals are the FLOP "
-                       "model's parts, so the excesses add up to the gap within a point or two.")
+                       "in that family times the weights-only ideal, sorting 0). The families' ideals approximate "
+                       "the FLOP model's parts (which counts attention at each query's position), so the excesses "
+                       "add up to the gap within a few points.")
     return "\n".join(out)
 
 
 GAP_PARTS = ("attention kernel", "matmul", "gather / scatter / copy / sort", "elementwise")
 
 
-def profile_gap(run: dict[str, Any]) -> dict[str, float]:
+def profile_gap(run: dict[str, Any]) -> dict[str, float] | None:
     """A profiled layer run's cost over its FLOP ideal, split by operator family, as fractions of the dense
-    layer's profiled time (see the caption in markdown_table)."""
+    layer's profiled time (see the caption in markdown_table); None where the profile recorded no time."""
     cats = run["profile"]["categories"]
     dense = sum(c["dense_ms"] for c in cats.values())
     selective = sum(c["selective_ms"] for c in cats.values())
+    if dense <= 0 or selective <= 0:
+        return None
     query_share = run["kept_tokens_per_row"] / run["seq_len"]
     weights = run["ideal_selective_cost_fraction_weights_only"]
 
@@ -175,6 +180,7 @@ def profile_gap(run: dict[str, Any]) -> dict[str, float]:
 
 
 def _calls(profiled: list[tuple[dict[str, Any], dict[str, Any]]]) -> str:
+    """How many profiled calls each run averaged (records before the averaging: 1)."""
     return " or ".join(str(c) for c in sorted({run["profile"].get("calls", 1) for _, run in profiled}))
 
 

@@ -617,7 +617,8 @@ def profile_category(op: str) -> str:
 def profile_families(fn: Callable[[], Any], device: torch.device, calls: int = 1,
                      rows: int = 18) -> tuple[str, dict[str, float], float]:
     """fn's operator table (its first profiled call), its self time per operator family in ms and its wall time
-    in ms, each the mean of `calls` profiled calls. Time between operators (Python, dispatch) is in no family."""
+    in ms, each the mean of `calls` profiled calls. Time between operators (Python, dispatch, and the profiler's
+    own bookkeeping, since the wall time is taken under the profiler) is in no family."""
     from torch.profiler import ProfilerActivity, profile
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
@@ -640,9 +641,10 @@ def profile_families(fn: Callable[[], Any], device: torch.device, calls: int = 1
 
 
 def _profile(fns: dict[str, Callable[[], Any]], device: torch.device, calls: int = 3) -> dict[str, Any]:
-    """The operator tables of the dense and the selective layer, and their self time per operator family per call
-    (`categories`, ms; the mean of `calls` profiled calls, alternating dense and selective so both see the same
-    machine): where the selective layer spends more than its share of the dense layer's time."""
+    """The operator tables of the dense and the selective layer (from the first profiled call of each), and their
+    self time per operator family per call (`categories`, ms; the mean of `calls` profiled calls, alternating dense
+    and selective so both see the same machine): where the selective layer spends more than its share of the dense
+    layer's time."""
     out: dict[str, Any] = {"calls": calls}
     categories: dict[str, dict[str, float]] = {}
     for i in range(calls):

@@ -12,7 +12,7 @@ import torch
 from orthorank.errors import UserError
 from orthorank.method.plan import Plan, parse_layers
 from orthorank.method.plan_store import find_plan
-from orthorank.method.policies import DECODE_MODES
+from orthorank.method.policies import DECODE_MODES, get_policy
 from orthorank.method.selection import CRITERIA, ORDERS, SOURCES, SelectionConfig
 from orthorank.methods import searched
 from orthorank.models.loading import EMBEDDED_MODEL, LoadedModel, load_model
@@ -20,9 +20,10 @@ from orthorank.models.loading import EMBEDDED_MODEL, LoadedModel, load_model
 
 def policy_name(text: str) -> str:
     """--policy is checked as it is parsed, before a command reads any data or model."""
-    if text not in ORDERS:
-        raise argparse.ArgumentTypeError(f"unknown selection policy {text!r}; choose one of {', '.join(ORDERS)}")
-    return text
+    try:
+        return get_policy(text).name
+    except UserError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def finite_float(text: str) -> float:

@@ -252,12 +252,12 @@ def run_suite(args) -> int:
     check_writable(out / "longctx.json", args.overwrite)
     _check_saved_plans(args)
     dist.init(args.device)
+    pools = load_pools(args.data_dir)  # input errors before the model loads (minutes for a 7B model)
     lm = load_from_args(args)
     if lm.tokenizer is None:
         raise UserError("the long-context suite needs a real model with a tokenizer")
     for length in lengths:
         check_context(lm.model, length)
-    pools = load_pools(args.data_dir)  # after the checks: a bad length is its own error, with or without data
     rows = _rows(args, lm)
     builder = SuiteBuilder(lm.tokenizer, pools, seed=args.seed)
     parts = []
