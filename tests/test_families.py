@@ -161,7 +161,8 @@ def test_search_runner_agrees_with_the_model(family, attn):
     assert loss == pytest.approx(ref, rel=1e-5)
 
 
-@pytest.mark.parametrize("policy", ["norm", "attention", "prev-update", "oracle", "random", "inverse"])
+@pytest.mark.parametrize("policy", ["norm", "attention", "prev-update", "oracle", "random", "inverse", "router",
+                                    "loss-oracle"])
 @pytest.mark.parametrize("family", list(ZOO))
 def test_every_policy_equals_dense_at_ratio_one_and_the_naive_reference_below(family, policy):
     """Each selection policy (method/policies.py), with a keep-recent modifier, on every family: ratio 1.0 equals
@@ -171,11 +172,14 @@ def test_every_policy_equals_dense_at_ratio_one_and_the_naive_reference_below(fa
     m = _model(family, "sdpa")
     ids = _ids()
     dense = m(ids).logits
-    apply_orthorank(m, [1, 2], SelectionConfig(ratio=1.0, order=policy, keep_recent=3))
+    from orthorank.method.router import random_router
+
+    fitted = random_router([1, 2], m.config.hidden_size) if policy == "router" else None
+    apply_orthorank(m, [1, 2], SelectionConfig(ratio=1.0, policy=policy, keep_recent=3, fitted=fitted))
     torch.testing.assert_close(m(ids).logits, dense, atol=ATOL, rtol=1e-4)
     restore_dense(m)
     i = 2
-    apply_hybrid(m, [], {i: SelectionConfig(ratio=0.4, order=policy, keep_recent=3)})
+    apply_hybrid(m, [], {i: SelectionConfig(ratio=0.4, policy=policy, keep_recent=3, fitted=fitted)})
     seen = _layer_io(m, i, ids)
     keep = selective(m.model.layers[i]).last_keep
     assert bool(keep[:, -3:].all()) and 0 < int(keep[0].sum()) < ids.shape[1]

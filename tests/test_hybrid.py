@@ -578,7 +578,7 @@ def test_plan_options_on_hybrid_plans(tiny_hf_folder, tmp_path, capsys):
     assert code == 0, err
     a, b = (json.loads((tmp_path / f).read_text()) for f in ("r.json", "random.json"))
     assert a["result"]["perplexity"] != b["result"]["perplexity"]
-    assert b["plan"]["selection"]["order"] == "random" and b["plan"]["actions"] == {"1": 0.5, "2": "remove"}
+    assert b["plan"]["selection"]["policy"] == "random" and b["plan"]["actions"] == {"1": 0.5, "2": "remove"}
     assert_user_error(capsys, "--ratio does not apply", *base, "--ratio", "0.5")
 
 
@@ -653,7 +653,7 @@ def test_calibrate_orthorank_ratios_cli(tiny_hf_folder, tmp_path, capsys):
         arch = Arch(**plan.arch)
         target = compute_sparsity(arch, 512, "prune", math.ceil(s * 4 - 1e-9))
         got = plan.sparsity(arch, 512)["compute"]
-        assert plan.method == "hybrid" and not plan.removed_layers and plan.selection.order == "norm"
+        assert plan.method == "hybrid" and not plan.removed_layers and plan.selection.policy == "norm"
         assert abs(got - target) <= 0.005 * target, (got, target)  # within 0.5% of pruning's compute
         assert plan.provenance["compute_sparsity"] == pytest.approx(got, abs=1e-6)
         assert set(plan.actions) <= {1, 2} and all(0.25 <= float(r) <= 1.0 for r in plan.actions.values())

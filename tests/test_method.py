@@ -184,7 +184,7 @@ def test_restore_and_prune():
 
 
 @pytest.mark.parametrize("cfg", [
-    SelectionConfig(order="random"), SelectionConfig(order="inverse"), SelectionConfig(source="raw"),
+    SelectionConfig(policy="random"), SelectionConfig(policy="inverse"), SelectionConfig(source="raw"),
     SelectionConfig(criterion="cos"), SelectionConfig(bypass_kv=False), SelectionConfig(decode="threshold"),
 ])
 def test_variants_run_and_are_deterministic(cfg):
@@ -222,7 +222,7 @@ def test_bad_ratio_and_options():
         with pytest.raises(UserError):
             SelectionConfig(ratio=bad)
     with pytest.raises(UserError):
-        SelectionConfig(order="sideways")
+        SelectionConfig(policy="sideways")
     with pytest.raises(UserError):
         apply_orthorank(tiny_model(), [7], SelectionConfig())
 
@@ -249,7 +249,7 @@ def _right_pad(rows, pad_id=0):
 def test_right_padded_batch_equals_single_rows(order):
     """Scoring batches (zero-shot) right-pad with a mask: pads never count towards K or get selected."""
     m = tiny_model()
-    apply_orthorank(m, [1, 2], SelectionConfig(ratio=0.33, order=order))
+    apply_orthorank(m, [1, 2], SelectionConfig(ratio=0.33, policy=order))
     rows = [ids_for(1, 21, seed=8)[0].tolist(), ids_for(1, 9, seed=9)[0].tolist(), ids_for(1, 2, seed=10)[0].tolist()]
     ids, mask = _right_pad(rows)
     batched = m(ids, attention_mask=mask).logits
@@ -263,7 +263,7 @@ def test_right_padded_batch_equals_single_rows(order):
 def test_random_order_is_per_sequence_and_batch_independent():
     """A fresh pattern per sequence, the same whatever the batch size or the row's place in the batch."""
     m = tiny_model()
-    apply_orthorank(m, [1], SelectionConfig(ratio=0.33, order="random", seed=5))
+    apply_orthorank(m, [1], SelectionConfig(ratio=0.33, policy="random", seed=5))
     a, b = ids_for(1, 24, seed=11), ids_for(1, 24, seed=12)
     keep = lambda ids: (m(ids, use_cache=False), selective(m.model.layers[1]).last_keep)[1]  # noqa: E731
     ka, kb = keep(a)[0], keep(b)[0]
@@ -273,7 +273,7 @@ def test_random_order_is_per_sequence_and_batch_independent():
     logits_1 = torch.cat([m(a).logits, m(b).logits])
     logits_2 = m(torch.cat([a, b])).logits
     assert torch.allclose(logits_1, logits_2, atol=ATOL)
-    apply_orthorank(m, [1], SelectionConfig(ratio=0.33, order="random", seed=6))
+    apply_orthorank(m, [1], SelectionConfig(ratio=0.33, policy="random", seed=6))
     assert not torch.equal(keep(a)[0], ka)  # another seed, another pattern
 
 

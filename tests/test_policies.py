@@ -15,7 +15,8 @@ from orthorank.errors import UserError
 from orthorank.method import SelectionConfig, apply_orthorank
 from orthorank.method.apply import selective
 from orthorank.method.plan import Plan
-from orthorank.method.policies import POLICIES, always_update, policy_keys
+from orthorank.method.policies import POLICIES, PolicyInputs, always_update
+from orthorank.method.router import constant_router, random_router
 
 ATOL = 1e-5
 
@@ -26,11 +27,11 @@ def ids_for(batch=2, length=24, vocab=128, seed=1):
 
 def test_registry_refuses_unknown_policies_with_the_list():
     with pytest.raises(UserError, match="unknown selection policy 'nope'; choose one of orthogonal, random"):
-        SelectionConfig(order="nope")
+        SelectionConfig(policy="nope")
     with pytest.raises(UserError, match="keep_recent must be"):
         SelectionConfig(keep_recent=-1)
     with pytest.raises(UserError, match="no no-KV ablation"):
-        SelectionConfig(order="oracle", bypass_kv=False)
+        SelectionConfig(policy="oracle", bypass_kv=False)
     assert "keep_recent" not in SelectionConfig().to_dict()  # plans and stored results from before stay valid
     assert SelectionConfig(keep_recent=4).to_dict()["keep_recent"] == 4
 
@@ -46,14 +47,15 @@ def test_every_policy_at_ratio_one_equals_dense(family, policy):
     m = tiny_model(family)
     ids = ids_for()
     dense = m(ids).logits
-    apply_orthorank(m, [1, 2], SelectionConfig(ratio=1.0, order=policy, keep_recent=2))
+    fitted = random_router([1, 2], m.config.hidden_size) if policy == "router" else None
+    apply_orthorank(m, [1, 2], SelectionConfig(ratio=1.0, policy=policy, keep_recent=2, fitted=fitted))
     out = m(ids).logits
     assert torch.allclose(out, dense, atol=ATOL), (policy, (out - dense).abs().max())
 
 
 def test_norm_policy_updates_the_largest_states_first():
     src = torch.tensor([[[1.0, 0.0], [3.0, 0.0], [0.0, 0.5], [0.0, 2.0]]])
-    keys = policy_keys("norm", None, src, None)
+    keys = POLICIES["norm"].keys(PolicyInputs(src=src, hidden=src))
     assert torch.argsort(keys, dim=1).tolist() == [[1, 3, 0, 2]]
 
 
@@ -62,7 +64,7 @@ def test_oracle_equals_brute_force_on_a_two_layer_model():
     its output is that choice's exact selective output (dense where kept, the input elsewhere)."""
     m = tiny_model(layers=2)
     ids = ids_for(batch=1, length=7, seed=2)
-    apply_orthorank(m, [1], SelectionConfig(ratio=0.3, order="oracle"))  # K = ceil(0.3 * 7) = 3
+    apply_orthorank(m, [1], SelectionConfig(ratio=0.3, policy="oracle"))  # K = ceil(0.3 * 7) = 3
     wrapper = m.model.layers[1]
     seen = {}
 
@@ -90,7 +92,7 @@ def test_oracle_equals_brute_force_on_a_two_layer_model():
 def test_oracle_plans_skip_no_compute():
     sig = {"model_type": "llama", "num_layers": 30, "hidden_size": 576, "vocab_size": 49152}
     arch = {"num_layers": 30, "hidden": 576, "heads": 9, "kv_heads": 3, "head_dim": 64, "ffn": 1536, "vocab": 49152}
-    oracle = Plan("orthorank", [3, 4, 5], "m", sig, selection=SelectionConfig(order="oracle"), arch=arch)
+    oracle = Plan("orthorank", [3, 4, 5], "m", sig, selection=SelectionConfig(policy="oracle"), arch=arch)
     rule = Plan("orthorank", [3, 4, 5], "m", sig, selection=SelectionConfig(), arch=arch)
     assert oracle.compute_sparsity() == 0.0 and rule.compute_sparsity() > 0.05
 
@@ -116,7 +118,7 @@ def test_keep_recent_is_always_updated_in_a_left_padded_batch(policy):
     for i, r in enumerate(rows):
         ids[i, width - len(r):] = torch.tensor(r)
         mask[i, width - len(r):] = 1
-    apply_orthorank(m, [1], SelectionConfig(ratio=0.33, order=policy, keep_recent=3))
+    apply_orthorank(m, [1], SelectionConfig(ratio=0.33, policy=policy, keep_recent=3))
     pos = (mask.cumsum(1) - 1).clamp_min(0)
     batched = m(ids, attention_mask=mask, position_ids=pos).logits
     keep = selective(m.model.layers[1]).last_keep
@@ -134,7 +136,7 @@ def test_prev_update_ranks_by_the_previous_layers_update():
         m = tiny_model()
         ids = ids_for(batch=1, length=12, seed=6)
         layers = [1, 2] if previous_selective else [2]
-        configs = {1: SelectionConfig(ratio=0.5), 2: SelectionConfig(ratio=0.25, order="prev-update")}
+        configs = {1: SelectionConfig(ratio=0.5), 2: SelectionConfig(ratio=0.25, policy="prev-update")}
         from orthorank.method.apply import apply_hybrid
 
         apply_hybrid(m, [], {i: configs[i] for i in layers})
@@ -155,7 +157,7 @@ def test_prev_update_ranks_by_the_previous_layers_update():
 
 def test_prev_update_needs_a_layer_before():
     with pytest.raises(UserError, match="needs a layer before selection layer 0"):
-        apply_orthorank(tiny_model(), [0], SelectionConfig(order="prev-update"))
+        apply_orthorank(tiny_model(), [0], SelectionConfig(policy="prev-update"))
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
@@ -168,7 +170,7 @@ def test_attention_policy_keeps_the_tokens_the_last_queries_attend_to_most(famil
     received = probs[:, :, -32:, :].sum(dim=(1, 2))[0]
     received[0] = -1.0  # the sink ranks last
     expected = sorted(torch.argsort(received, descending=True)[:10].tolist())  # K = ceil(0.25 * 40)
-    apply_orthorank(m, [2], SelectionConfig(ratio=0.25, order="attention"))
+    apply_orthorank(m, [2], SelectionConfig(ratio=0.25, policy="attention"))
     m(ids, use_cache=False)
     keep = selective(m.model.layers[2]).last_keep[0]
     assert sorted(torch.nonzero(keep).squeeze(1).tolist()) == expected
@@ -179,10 +181,10 @@ def test_attention_policy_keeps_the_tokens_the_last_queries_attend_to_most(famil
 def test_policy_variants_parse_and_refuse():
     from orthorank.method.policies import parse_variant, parse_variants
 
-    assert parse_variant("orthogonal+recent=64") == {"order": "orthogonal", "keep_recent": 64}
+    assert parse_variant("orthogonal+recent=64") == {"policy": "orthogonal", "keep_recent": 64}
     assert parse_variant("+first=3") == {"keep_first": 3}
     assert parse_variant("+decode=threshold") == {"decode": "threshold"}
-    assert parse_variant("norm+recent=8+decode=dense") == {"order": "norm", "keep_recent": 8, "decode": "dense"}
+    assert parse_variant("norm+recent=8+decode=dense") == {"policy": "norm", "keep_recent": 8, "decode": "dense"}
     assert parse_variants(" norm, oracle ,norm") == ["norm", "oracle"]
     for bad in ("nope", "norm+recent", "norm+recent=x", "norm+last=3", "", "+", "+decode=3", "+recent=threshold"):
         with pytest.raises(UserError):

@@ -153,7 +153,7 @@ def test_two_plans_on_two_instances_used_alternately():
     a, b = tiny_model(seed=0), tiny_model(seed=0)
     ids = _ids(2, 20)
     apply_orthorank(a, [1], SelectionConfig(ratio=0.33))
-    apply_orthorank(b, [2], SelectionConfig(ratio=0.5, order="inverse"))
+    apply_orthorank(b, [2], SelectionConfig(ratio=0.5, policy="inverse"))
     ra, rb = a(ids).logits, b(ids).logits
     for _ in range(2):
         torch.testing.assert_close(b(ids).logits, rb, atol=0, rtol=0)

@@ -215,7 +215,7 @@ def draw_selection_map(ax: Axes, strip: Axes, m, bins: int = 512) -> None:
     s = m.summary()
     shares = "; ".join(f"{k} {v['mean']:.2f}" for k, v in s["span_share_updated"].items())
     sel = m.plan.get("selection") or {}
-    policy = sel.get("order", "orthogonal") + "".join(f"+{k.split('_')[1]}={sel[k]}" for k in ("keep_recent",
+    policy = sel.get("policy", sel.get("order", "orthogonal")) + "".join(f"+{k.split('_')[1]}={sel[k]}" for k in ("keep_recent",
                                                                                                "keep_first") if sel.get(k))
     strip.set_title(f"{m.name}: {T} tokens, policy {policy}; share updated per selection layer: all "
                  f"{s['overall_share_updated']:.2f}; {shares}; last token updated in {s['last_token_updated_in']} of "

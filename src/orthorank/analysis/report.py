@@ -208,7 +208,7 @@ def _maps_html(maps: list[Any], model: str) -> str:
     for i, m in enumerate(maps):
         s = m.summary()
         sel = m.plan.get("selection") or {}
-        policy = sel.get("order", "-") + "".join(f"+{k.split('_')[1]}={sel[k]}"
+        policy = sel.get("policy", sel.get("order", "-")) + "".join(f"+{k.split('_')[1]}={sel[k]}"
                                                  for k in ("keep_recent", "keep_first") if sel.get(k))
         cells = [m.name, str(m.tokens), policy, f"{s['overall_share_updated']:.2f}"]
         cells += [f"{s['span_share_updated'][k]['mean']:.2f}" if k in s["span_share_updated"] else "-" for k in spans]

@@ -223,7 +223,7 @@ def run_hybrid(args) -> int:
     from orthorank.cli.common import store_from_args
 
     settings = {"cost_table": table_digest, "targets": targets, "ratios": ratios, "candidates": candidates,
-                "selection": selection.to_dict(), "screen_batches": screen,
+                "selection": selection.key_dict(), "screen_batches": screen,
                 "recheck": None if screen is None else args.recheck, "race_alpha": None if screen is None else ALPHA}
     if ratios_mode:
         settings["remove"] = False

@@ -85,7 +85,7 @@ def add_selection_args(p: argparse.ArgumentParser) -> None:
                    "(default 0.33)")
     p.add_argument("--criterion", choices=CRITERIA, default=None, help="|<x_sink,x_i>| (dot) or |cos|")
     p.add_argument("--source", choices=SOURCES, default=None, help="score normalized (default) or raw states")
-    p.add_argument("--policy", "--order", dest="order", type=policy_name, default=None, metavar="NAME",
+    p.add_argument("--policy", "--order", dest="policy", type=policy_name, default=None, metavar="NAME",
                    help=f"which tokens a selection layer updates: {', '.join(ORDERS)} (default orthogonal, the "
                         "paper's; random and inverse are its ablations; oracle runs the layer densely: an upper "
                         "bound, never a speed-up)")
@@ -134,7 +134,8 @@ def selection_from_args(args, base: SelectionConfig | None = None) -> SelectionC
         ratio=args.ratio if args.ratio is not None else base.ratio,
         criterion=args.criterion or base.criterion,
         source=args.source or base.source,
-        order=args.order or base.order,
+        policy=args.policy or base.policy,
+        fitted=base.fitted,
         bypass_kv=base.bypass_kv and not args.no_bypass_kv,
         decode=args.decode or base.decode,
         seed=args.seed,
@@ -174,7 +175,7 @@ def _saved_plan(args, lm: LoadedModel, path) -> Plan:
     """A plan file checked against the loaded model, with any selection options of the command line applied."""
     plan = Plan.load(path)
     plan.check_model(lm.name, lm.signature())
-    overrides = (args.ratio, args.criterion, args.source, args.order, args.decode, args.keep_recent,
+    overrides = (args.ratio, args.criterion, args.source, args.policy, args.decode, args.keep_recent,
                  args.keep_first)
     if plan.method == "hybrid" and args.ratio is not None:
         raise UserError("a hybrid plan sets each selection layer's ratio; --ratio does not apply to it")

@@ -20,8 +20,8 @@ from orthorank.method.plan import Plan
 # Ablations of the paper, applied on the OrthoRank plan's own layers. The paper does not say whether the sink's
 # keys/values stay visible when bypassed tokens give none, so both variants are run.
 ABLATIONS: dict[str, dict[str, Any]] = {
-    "random": {"order": "random"},
-    "inverse": {"order": "inverse"},
+    "random": {"policy": "random"},
+    "inverse": {"policy": "inverse"},
     "raw": {"source": "raw"},
     "no-kv": {"bypass_kv": False},
     "no-kv, sink visible": {"bypass_kv": False, "sink_kv_visible": True},

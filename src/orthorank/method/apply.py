@@ -15,6 +15,8 @@ from orthorank.errors import UserError
 from orthorank.method.attention import backend_for
 from orthorank.method.layer import SelectiveLayer, SequenceContext, current_forward, install_forward
 from orthorank.method.plan import Plan
+from orthorank.method.policies import LOSS_EFFECT, PREV_INPUT
+from orthorank.method.recording import loss_effect_hook
 from orthorank.method.selection import SelectionConfig
 from orthorank.models.adapters import get_adapter
 
@@ -104,8 +106,11 @@ def apply_hybrid(model: nn.Module, removed: list[int], selections: dict[int, Sel
             state["restores"].append(sel.install_router())
             setattr(layer, _LAYER_ATTR, sel)
             state["restores"].append(lambda layer=layer: delattr(layer, _LAYER_ATTR))
-            if selections[i].order == "prev-update":
+            if PREV_INPUT in selections[i].rule.needs:
                 state["hooks"].append(_keep_previous_input(original, drop, i, sel))
+        if any(LOSS_EFFECT in c.rule.needs for c in selections.values()):
+            context.before_forward.append(loss_effect_hook(model, adapter.logits))
+        state["context"] = context
     if drop:
         kept = [i for i in range(len(original)) if i not in drop]
         state["attn_layer_idx"] = {i: original[i].self_attn.layer_idx for i in kept}
@@ -128,6 +133,13 @@ def _keep_previous_input(layers: list[nn.Module], removed: set[int], i: int, sel
         h = args[0] if args else kwargs["hidden_states"]
         sel._prev_input = h.clone()  # a selective layer may update its input in place
     return layers[before[-1]].register_forward_pre_hook(keep, with_kwargs=True)
+
+
+def sequence_context(model: nn.Module) -> SequenceContext | None:
+    """The SequenceContext of the plan applied to `model` (None when no layer selects tokens): recorders are set
+    on it (method/recording.py)."""
+    state = getattr(model, _STATE, None)
+    return None if state is None else state.get("context")
 
 
 def apply_plan(model: nn.Module, plan: Plan) -> nn.Module:

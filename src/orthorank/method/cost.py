@@ -83,30 +83,34 @@ def kept_fraction(seq_len: int, ratio: float) -> float:
     return keep_count(seq_len, ratio) / seq_len
 
 
-def selection_layer_flops(arch: Arch, seq_len: int, ratio: float) -> float:
+def selection_layer_flops(arch: Arch, seq_len: int, ratio: float, scoring: float | None = None) -> float:
+    """A selection layer's FLOPs per token. scoring: what choosing costs per token (the policy's
+    `scoring_flops`; default the paper's sink dot product, 2D)."""
     f = layer_flops(arch, seq_len)
-    scoring = 2 * arch.hidden
+    scoring = 2 * arch.hidden if scoring is None else scoring
     return f.every_token + scoring + kept_fraction(seq_len, ratio) * f.per_updated_token
 
 
-def model_flops(arch: Arch, seq_len: int, removed: int = 0, selection_layers: int = 0, ratio: float = 1.0) -> float:
+def model_flops(arch: Arch, seq_len: int, removed: int = 0, selection_layers: int = 0, ratio: float = 1.0,
+                scoring: float | None = None) -> float:
     """Forward FLOPs per token of the model with `removed` layers removed and `selection_layers` selecting tokens."""
     dense_layer = layer_flops(arch, seq_len).dense
     plain = arch.num_layers - removed - selection_layers
-    sel = selection_layer_flops(arch, seq_len, ratio) * selection_layers if selection_layers else 0.0
+    sel = selection_layer_flops(arch, seq_len, ratio, scoring) * selection_layers if selection_layers else 0.0
     return plain * dense_layer + sel + head_flops(arch)
 
 
-def compute_sparsity(arch: Arch, seq_len: int, method: str, count: int, ratio: float = 1.0) -> float:
+def compute_sparsity(arch: Arch, seq_len: int, method: str, count: int, ratio: float = 1.0,
+                     scoring: float | None = None) -> float:
     """Share of the dense model's per-token FLOPs a plan skips: method "prune" (count layers removed) or
-    "orthorank" (count selection layers at `ratio`)."""
+    "orthorank" (count selection layers at `ratio`, each paying `scoring` FLOPs per token to choose)."""
     if method == "dense" or count == 0:
         return 0.0
     dense = model_flops(arch, seq_len)
     if method == "prune":
         return 1.0 - model_flops(arch, seq_len, removed=count) / dense
     if method == "orthorank":
-        return 1.0 - model_flops(arch, seq_len, selection_layers=count, ratio=ratio) / dense
+        return 1.0 - model_flops(arch, seq_len, selection_layers=count, ratio=ratio, scoring=scoring) / dense
     raise ValueError(f"unknown plan method {method!r}")
 
 
@@ -132,18 +136,21 @@ def selection_layers_to_match(arch: Arch, seq_len: int, target: float, ratio: fl
     return n
 
 
-def hybrid_compute_sparsity(arch: Arch, seq_len: int, removed: int, ratios: list[float]) -> float:
+def hybrid_compute_sparsity(arch: Arch, seq_len: int, removed: int, ratios: list[float],
+                            scoring: float | None = None) -> float:
     """Share of the dense model's per-token FLOPs a hybrid plan skips: `removed` layers removed and one selection
     layer per entry of `ratios`, each at its own ratio."""
     if removed == 0 and not ratios:
         return 0.0
     dense_layer = layer_flops(arch, seq_len).dense
     plain = arch.num_layers - removed - len(ratios)
-    flops = plain * dense_layer + sum(selection_layer_flops(arch, seq_len, r) for r in ratios) + head_flops(arch)
+    flops = (plain * dense_layer + sum(selection_layer_flops(arch, seq_len, r, scoring) for r in ratios)
+             + head_flops(arch))
     return 1.0 - flops / model_flops(arch, seq_len)
 
 
-def ratio_to_match(arch: Arch, seq_len: int, target: float, count: int, base_ratio: float) -> float:
+def ratio_to_match(arch: Arch, seq_len: int, target: float, count: int, base_ratio: float,
+                   scoring: float | None = None) -> float:
     """The keep ratio, at least `base_ratio`, with which `count` selection layers skip the compute share closest to
     `target` at `seq_len` (exact matching: the layer count alone overshoots, since each selection layer skips a
     fixed share). Ratios are K / seq_len for a whole number of kept tokens K, so the plan keeps exactly K tokens of
@@ -151,7 +158,7 @@ def ratio_to_match(arch: Arch, seq_len: int, target: float, count: int, base_rat
     from orthorank.method.selection import keep_count
 
     def skipped(k: int) -> float:
-        return compute_sparsity(arch, seq_len, "orthorank", count, k / seq_len)
+        return compute_sparsity(arch, seq_len, "orthorank", count, k / seq_len, scoring=scoring)
 
     lo = keep_count(seq_len, base_ratio)
     if count <= 0 or skipped(lo) <= target:

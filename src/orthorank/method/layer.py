@@ -25,7 +25,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from orthorank.method.attention import backend_for, selective_attention
-from orthorank.method.policies import ATTENTION_WINDOW, always_update, attention_received, policy_keys
+from orthorank.method.policies import (
+    ATTENTION, ATTENTION_WINDOW, DENSE_UPDATE, FITTED, LOSS_EFFECT, PREV_INPUT, RANDOM, SINK, PolicyInputs,
+    always_update, attention_received,
+)
 from orthorank.method.selection import (
     SelectionConfig,
     keep_count,
@@ -38,6 +41,7 @@ from orthorank.method.selection import (
     top_k_indices,
     topk_keep_mask,
 )
+from orthorank.errors import UserError
 from orthorank.models.adapters import FamilyAdapter
 
 
@@ -75,6 +79,13 @@ class SequenceContext:
         self.record_states = True  # whether this forward keeps layer outputs (hidden states): no in-place writes
         self._facts: _Facts | None = None
         self._row_hashes: tuple[Any, list[int]] | None = None
+        # A recorder (method/recording.py) while one is active: selection layers run densely for it and report
+        # what they computed (the loss-oracle's dense pass, the router's fit).
+        self.recorder: Any = None
+        # Hooks run at the start of every forward this context captures (the loss-oracle's dense pass); each gets
+        # (context, decoder kwargs) and may fill `given`, layer index -> [B, T], for the layers' policies.
+        self.before_forward: list[Callable[["SequenceContext", dict], None]] = []
+        self.given: dict[int, torch.Tensor] = {}
 
     def capture(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         mask = kwargs.get("attention_mask", args[1] if len(args) > 1 else None)
@@ -89,6 +100,10 @@ class SequenceContext:
         self.record_states = bool(kwargs.get("output_hidden_states") or getattr(config, "output_hidden_states", False))
         self._facts = None
         self._row_hashes = None
+        if self.recorder is None:  # a recorder's own forward is the dense pass the hooks would start
+            self.given = {}
+            for hook in self.before_forward:
+                hook(self, kwargs)
 
     def row_hashes(self, B: int, T: int, past: int, valid: torch.Tensor | None) -> list[int]:
         """One hash per row of its real token ids in this chunk (and the cache length): the random ablation's
@@ -226,8 +241,12 @@ class SelectiveLayer:
         self._last: tuple[torch.Tensor, torch.Tensor | None, int] | None = None
         self._call: _RowCall | None = None  # the selective call in progress, read by the attention router
         self._routed = False
-        self._update_norms: torch.Tensor | None = None  # the oracle's ||f(x) - x|| during its selection
+        self._hidden: torch.Tensor | None = None  # the residual stream entering the layer, for the policy
+        self._given: torch.Tensor | None = None  # the per-token quantity a policy ranks by, during its selection
         self._prev_input: torch.Tensor | None = None  # prev-update: the previous layer's input (a hook sets it)
+        self.rule = config.rule  # the policy object (method/policies.py)
+        # this layer's fitted parameters (the router's): a plan without them for this layer is refused here
+        self._fitted = config.fitted.layer(layer_index) if FITTED in self.rule.needs else None
 
     @property
     def backend(self) -> str:
@@ -246,7 +265,7 @@ class SelectiveLayer:
     def __repr__(self) -> str:
         c = self.config
         return (f"SelectiveLayer(layer={self.layer_index}, ratio={c.ratio}, criterion={c.criterion}, "
-                f"source={c.source}, policy={c.order}, bypass_kv={c.bypass_kv}, decode={c.decode}"
+                f"source={c.source}, policy={c.policy}, bypass_kv={c.bypass_kv}, decode={c.decode}"
                 + (f", keep_recent={c.keep_recent}" if c.keep_recent else "")
                 + (f", keep_first={c.keep_first}" if c.keep_first else "") + ")")
 
@@ -256,14 +275,18 @@ class SelectiveLayer:
         """(idx [B, K] positions to update, real [B, K] or None when every entry is real), or None: run densely."""
         B, T, _ = h.shape
         facts = self._context.facts(B, T, past, h.device, self.config.ratio)
+        self._hidden = h
         return self._select(h, x, past, facts)
 
     def _scores(self, src: torch.Tensor, sink: torch.Tensor, facts: _Facts, B: int, T: int, past: int):
         """The policy's ascending keys [B, T], with the modifiers' always-updated tokens first."""
-        cfg = self.config
-        scores = sink_scores(src, sink, cfg.criterion) if cfg.order in ("orthogonal", "inverse") else None
-        keys = policy_keys(cfg.order, scores, src, self._random_draw(facts, B, T, past), self._update_norms)
-        if cfg.order != "random":  # random keys are +inf off the real tokens by construction
+        cfg, rule = self.config, self.rule
+        inputs = PolicyInputs(src=src, hidden=self._hidden, past=past, criterion=cfg.criterion,
+                              sink=sink if SINK in rule.needs else None,
+                              random_draw=self._random_draw(facts, B, T, past) if RANDOM in rule.needs else None,
+                              given=self._given, fitted=self._fitted)
+        keys = rule.keys(inputs)
+        if rule.finite_keys:
             check_finite(keys if facts.valid is None else keys.masked_fill(~facts.valid, 0.0), self.layer_index)
         always = always_update(facts.valid, B, T, cfg.keep_recent, cfg.keep_first, past, keys.device)
         if always is not None:
@@ -319,8 +342,6 @@ class SelectiveLayer:
     def _random_draw(self, facts: _Facts, B: int, T: int, past: int) -> torch.Tensor | None:
         """The random ablation's keys: a fresh pattern per sequence, reproducible from the seed and the sequence's
         own tokens (independent of batch size, the row's place in the batch and its padding)."""
-        if self.config.order != "random":
-            return None
         valid = facts.valid
         hashes = self._context.row_hashes(B, T, past, valid)
         seeds = [sequence_seed(self.config.seed, self.layer_index, hsh) for hsh in hashes]
@@ -342,22 +363,29 @@ class SelectiveLayer:
         past = int(cache.get_seq_length(attn.layer_idx)) if cache is not None else 0
         if past == 0:
             self._sink_state, self._cutoff = None, None
+        recorder = self._context.recorder
+        if recorder is not None:
+            return self._recorded(recorder, hidden_states, args, kwargs, past)
 
         x = self.adapter.attention_input(layer, hidden_states)
         src = self.adapter.score_input(hidden_states, x) if cfg.source == "normed" else hidden_states
+        self._hidden = hidden_states
         facts = self._context.facts(B, T, past, hidden_states.device, cfg.ratio)
-        if cfg.order == "oracle":
+        needs = self.rule.needs
+        if DENSE_UPDATE in needs:
             return self._oracle(hidden_states, args, kwargs, src, past, facts)
         if T == 1 and B == 1 and past > 0 and self._plain_threshold_step(facts):
             return self._threshold_step(hidden_states, x, src, args, kwargs, cache, facts, past)
-        norms = None
-        if cfg.order == "prev-update":
+        given = None
+        if PREV_INPUT in needs:
             prev, self._prev_input = self._prev_input, None
             if prev is not None and prev.shape == hidden_states.shape:
-                norms = torch.linalg.vector_norm((hidden_states - prev).float(), dim=-1)
-        elif cfg.order == "attention":
-            norms = self._attention_received(x, kwargs["position_embeddings"], facts, cache, past)
-        sel = self._select_given(norms, hidden_states, src, past, facts)
+                given = torch.linalg.vector_norm((hidden_states - prev).float(), dim=-1)
+        elif ATTENTION in needs:
+            given = self._attention_received(x, kwargs["position_embeddings"], facts, cache, past)
+        elif LOSS_EFFECT in needs:
+            given = self._loss_effect(B, T, past)
+        sel = self._select_given(given, hidden_states, src, past, facts)
         if sel is None:
             self._last = None
             return self.inner(hidden_states, *args, **kwargs)
@@ -411,7 +439,7 @@ class SelectiveLayer:
         """May this decode step take `_threshold_step`: the threshold policy on a sink-score order with default K/V
         handling and no always-updated tokens, one unpadded sequence whose sink state and cut-off are known."""
         cfg = self.config
-        return (self.fast_threshold_step and cfg.decode == "threshold" and cfg.order in ("orthogonal", "inverse")
+        return (self.fast_threshold_step and cfg.decode == "threshold" and self.rule.pointwise
                 and cfg.bypass_kv and not cfg.sink_kv_visible and not cfg.keep_recent and not cfg.keep_first
                 and not facts.padded and self._cutoff is not None and self._sink_state is not None
                 and self._sink_state.shape[0] == 1)
@@ -434,13 +462,14 @@ class SelectiveLayer:
             cache.update(k, v, self.layer.self_attn.layer_idx)
         return hidden_states
 
-    def _select_given(self, norms: torch.Tensor | None, h: torch.Tensor, src: torch.Tensor, past: int, facts: _Facts):
-        """_select with the per-token norms a policy ranks by (oracle, prev-update, attention) in place for it."""
-        self._update_norms = norms
+    def _select_given(self, given: torch.Tensor | None, h: torch.Tensor, src: torch.Tensor, past: int,
+                      facts: _Facts):
+        """_select with the per-token quantity a policy ranks by (PolicyInputs.given) in place for it."""
+        self._given = given
         try:
             return self._select(h, src, past, facts)
         finally:
-            self._update_norms = None
+            self._given = None
 
     def _oracle(self, hidden_states: torch.Tensor, args: tuple, kwargs: dict[str, Any], src: torch.Tensor,
                 past: int, facts: _Facts) -> Any:
@@ -460,6 +489,43 @@ class SelectiveLayer:
         keep = torch.zeros(B, T, dtype=torch.bool, device=hidden_states.device)
         keep.scatter_(1, idx, True if real is None else real)
         result = torch.where(keep.unsqueeze(-1), h_new, hidden_states)
+        return (result, *out[1:]) if isinstance(out, tuple) else result
+
+    def _loss_effect(self, B: int, T: int, past: int) -> torch.Tensor:
+        """The loss-oracle's keys [B, T]: this layer's <dL/dh_i, f(x)_i - x_i> from the dense pass that the
+        context's before-forward hook ran on this forward's input (method/recording.py)."""
+        effect = self._context.given.get(self.layer_index)
+        if past > 0 or effect is None or effect.shape != (B, T):
+            raise UserError("the loss-oracle policy reads each window's own next tokens: it applies to whole-window "
+                            "perplexity (ppl, compare), not to cached generation or chunked prefill")
+        return effect
+
+    def _recorded(self, recorder: Any, hidden_states: torch.Tensor, args: tuple, kwargs: dict[str, Any],
+                  past: int) -> Any:
+        """The layer for a recorder (method/recording.py): the dense update of every token, then either every
+        update kept (recorder.select False: the dense model) or only those the layer's own policy selects, with
+        what the layer computed handed to the recorder. Autograd stays on: recorders take gradients through it."""
+        if past > 0:
+            raise UserError("recording a selection layer needs whole windows (no KV cache)")
+        if torch.is_grad_enabled() and not hidden_states.requires_grad:
+            hidden_states = hidden_states.detach().requires_grad_(True)  # the first layer gradients must reach
+        x = self.adapter.attention_input(self.layer, hidden_states)
+        src = self.adapter.score_input(hidden_states, x) if self.config.source == "normed" else hidden_states
+        out = self.inner(hidden_states, *args, **kwargs)
+        h_new = out[0] if isinstance(out, tuple) else out
+        result, keep = h_new, None
+        if recorder.select:
+            B, T, _ = hidden_states.shape
+            with torch.no_grad():
+                self._hidden = hidden_states.detach()
+                facts = self._context.facts(B, T, 0, hidden_states.device, self.config.ratio)
+                sel = self._select_given(None, hidden_states.detach(), src.detach(), 0, facts)
+            if sel is not None:
+                idx, real = sel
+                keep = torch.zeros(B, T, dtype=torch.bool, device=h_new.device)
+                keep.scatter_(1, idx, True if real is None else real)
+                result = torch.where(keep.unsqueeze(-1), h_new, hidden_states)
+        recorder.add(self, hidden_states=hidden_states, src=src, dense_out=h_new, out=result, keep=keep)
         return (result, *out[1:]) if isinstance(out, tuple) else result
 
     def _attention_received(self, x: torch.Tensor, pos_emb, facts: _Facts, cache, past: int) -> torch.Tensor:

@@ -152,17 +152,13 @@ class Plan:
         arch = arch or (Arch(**self.arch) if self.arch else None)
         if arch is None:
             return None
-        from orthorank.method.policies import get_policy
-
-        def ratio(c: SelectionConfig) -> float:  # a policy that runs the layer densely skips nothing there
-            return c.ratio if get_policy(c.order).speedup else 1.0
-
+        if self.selection is not None and not self.selection.rule.speedup:
+            return 0.0  # a policy that runs its layers densely to choose skips nothing
+        scoring = self.selection.rule.scoring_flops(arch.hidden) if self.selection is not None else None
         if self.method == "hybrid":
             return hybrid_compute_sparsity(arch, seq_len, len(self.removed_layers),
-                                           [ratio(c) for c in self.selection_layers.values()])
-        if self.method == "orthorank" and self.selection is not None and not get_policy(self.selection.order).speedup:
-            return 0.0
-        return compute_sparsity(arch, seq_len, self.method, len(self.layers), self.ratio)
+                                           [c.ratio for c in self.selection_layers.values()], scoring=scoring)
+        return compute_sparsity(arch, seq_len, self.method, len(self.layers), self.ratio, scoring=scoring)
 
     def sparsity(self, arch: Arch | None = None, seq_len: int = DEFAULT_COST_SEQ_LEN,
                  measured: float | None = None) -> dict[str, Any]:
@@ -187,7 +183,7 @@ class Plan:
     def content_hash(self) -> str:
         """What the plan does (method, layers, selection, model), not where it came from: the result store's key."""
         body = {"method": self.method, "layers": self.layers, "model": self.model, "signature": self.signature,
-                "selection": self.selection.to_dict() if self.selection else None}
+                "selection": self.selection.key_dict() if self.selection else None}
         if self.actions is not None:  # only hybrid plans have the key: other plans' hashes stay as they were
             body["actions"] = _actions_json(self.actions)
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
@@ -230,7 +226,7 @@ class Plan:
                 layers=[int(i) for i in data["layers"]],
                 model=str(data["model"]),
                 signature=dict(data["signature"]),
-                selection=SelectionConfig(**sel) if sel else None,
+                selection=SelectionConfig.from_dict(sel) if sel else None,
                 # plans of the first format called the requested level "nominal_sparsity"
                 target_sparsity=data.get("target_sparsity", data.get("nominal_sparsity")),
                 provenance=dict(data.get("provenance") or {}),

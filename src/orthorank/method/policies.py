@@ -1,6 +1,9 @@
-"""Selection policies: which K tokens a selection layer updates. One registry; the paper's rule is one entry.
+"""Selection policies: which K tokens a selection layer updates. One registry of policy objects; the paper's rule is
+one entry, and no policy name is tested outside this module.
 
-A policy turns a layer's input into ascending keys [B, T] (the K lowest are updated; the sink always ranks last, pads
+A policy declares what it needs from the layer (`needs`: the sink's state, a random draw, the previous layer's input,
+the layer's dense update, an attention estimate, the loss effect of a dense forward and backward, fitted parameters)
+and turns a `PolicyInputs` into ascending keys [B, T] (the K lowest are updated; the sink always ranks last, pads
 never count). Modifiers (`SelectionConfig.keep_recent`, `keep_first`) then give the last / first W real tokens the
 lowest keys, so they are always among the K updated (within K: compute stays matched).
 
@@ -14,41 +17,123 @@ lowest keys, so they are always among the K updated (within K: compute stays mat
   layer's attention (SDPA does not return it): the attention probabilities of the last ATTENTION_WINDOW queries of
   this chunk in this layer, from this layer's own queries and keys (causal, pads masked; no sliding window or
   soft-capping), summed over heads and those queries;
+- router: a linear score fitted on calibration text (method/router.py) from what the layer already has (its normed
+  input, the sink score, norms, position); its parameters travel inside the plan;
 - oracle: the tokens whose update by this layer, ||f(x) - x||, is largest. The layer runs densely to know it (its
-  K/V and every token's update are computed, then only the K largest updates are kept): an upper bound for any rule
-  at that keep ratio, never a speed-up.
+  K/V and every token's update are computed, then only the K largest updates are kept): an upper bound for any
+  update-norm rule at that keep ratio, never a speed-up;
+- loss-oracle: the tokens whose update lowers the loss most to first order, <dL/dh_i, f(x)_i - x_i> (most negative
+  first), from one dense forward and backward per window on the window's own next tokens. It reads the labels, so
+  no rule reaches it: a reference for the headroom of any rule, never a speed-up.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import torch
 
 from orthorank.errors import UserError, comma_items
+from orthorank.method import router
 
 # how a selection layer treats one decoded token: as in prefill (its K/V only when not selected), or against the
 # prefill's cut-off score (method/layer.py)
 DECODE_MODES = ("dense", "threshold")
 ATTENTION_WINDOW = 32  # queries whose attention the `attention` policy sums (the end of the chunk)
 
+# What a policy may need from its selection layer (Policy.needs).
+SINK = "sink"  # the sink's score-input state (PolicyInputs.sink)
+RANDOM = "random"  # a reproducible random draw per sequence (PolicyInputs.random_draw)
+PREV_INPUT = "prev-input"  # the previous layer's input, kept by a hook (PolicyInputs.given: ||h_l - h_(l-1)||)
+DENSE_UPDATE = "dense-update"  # the layer's dense update of every token (PolicyInputs.given: ||f(x) - x||)
+ATTENTION = "attention"  # attention received from the chunk's last queries (PolicyInputs.given)
+LOSS_EFFECT = "loss-effect"  # <dL/dh_i, f(x)_i - x_i> of a dense forward and backward (PolicyInputs.given)
+FITTED = "fitted"  # fitted parameters carried by the plan (SelectionConfig.fitted)
+NEEDS = (SINK, RANDOM, PREV_INPUT, DENSE_UPDATE, ATTENTION, LOSS_EFFECT, FITTED)
+
+
+@dataclass
+class PolicyInputs:
+    """What a selection layer hands its policy for one chunk. B rows, T tokens, D hidden size."""
+
+    src: torch.Tensor  # [B, T, D] the score input: the normed state (source=normed) or the residual stream (raw)
+    hidden: torch.Tensor  # [B, T, D] the residual stream entering the layer
+    past: int = 0  # tokens before this chunk (cache length)
+    criterion: str = "dot"
+    sink: torch.Tensor | None = None  # [B, D] the sink's score input (SINK)
+    random_draw: torch.Tensor | None = None  # [B, T] (RANDOM)
+    given: torch.Tensor | None = None  # [B, T] the per-token quantity the layer measured (PREV_INPUT, ...)
+    fitted: Any = None  # the layer's own fitted parameters (FITTED), e.g. router.LayerRouter
+
 
 @dataclass(frozen=True)
 class Policy:
     name: str
     what: str
-    speedup: bool = True  # False: the layer runs densely to choose (an upper bound, not a saving)
+    rank: Callable[[PolicyInputs], torch.Tensor] = field(repr=False)  # ascending keys [B, T]
+    needs: frozenset[str] = frozenset()
+    speedup: bool = True  # False: the policy needs a dense pass to choose (an upper bound, not a saving)
+    # keys of a token depend only on its own state and the sink's: a decode step can rank its one token alone
+    pointwise: bool = False
+    finite_keys: bool = True  # keys are finite on real tokens (checked: NaN states would rank silently)
+    no_kv_ablation: bool = True  # whether the no-KV ablation (bypass_kv=False) can be combined with it
+
+    def keys(self, inp: PolicyInputs) -> torch.Tensor:
+        for need, value in ((SINK, inp.sink), (RANDOM, inp.random_draw), (FITTED, inp.fitted)):
+            if need in self.needs and value is None:
+                raise ValueError(f"the {self.name} policy needs its {need} input")
+        if self.needs & {PREV_INPUT, DENSE_UPDATE, ATTENTION, LOSS_EFFECT} and inp.given is None:
+            raise UserError(f"the {self.name} policy needs what the model gives while the plan is applied: apply the "
+                            "plan to the model (orthorank.method.apply_plan)")
+        return self.rank(inp)
+
+    def scoring_flops(self, hidden: int) -> float:
+        """FLOPs per token a selection layer spends choosing, beyond the layer's own work (the cost model's
+        scoring term; method/cost.py). A sink dot product by default; the router adds its features and score."""
+        if FITTED in self.needs:
+            return router.flops_per_token(hidden)
+        return 2.0 * hidden
+
+
+def _sink_scores(inp: PolicyInputs) -> torch.Tensor:
+    from orthorank.method.selection import sink_scores
+
+    return sink_scores(inp.src, inp.sink, inp.criterion)
+
+
+def _norm(inp: PolicyInputs) -> torch.Tensor:
+    return -torch.linalg.vector_norm(inp.src, dim=-1, dtype=torch.float32)
+
+
+def _largest_given(inp: PolicyInputs) -> torch.Tensor:
+    return -inp.given
+
+
+def _router(inp: PolicyInputs) -> torch.Tensor:
+    return -inp.fitted.score(inp.src, inp.hidden, inp.sink, inp.past)
 
 
 POLICIES: dict[str, Policy] = {p.name: p for p in (
-    Policy("orthogonal", "tokens most orthogonal to the attention sink first (the paper)"),
-    Policy("random", "a random pattern per sequence (ablation)"),
-    Policy("inverse", "tokens least orthogonal to the sink first (ablation)"),
-    Policy("norm", "largest hidden-state norm first"),
-    Policy("prev-update", "largest update by the previous layer first, ||h_l - h_(l-1)||"),
-    Policy("attention", f"most attention received from the last {32} queries of this layer first (an estimate)"),
+    Policy("orthogonal", "tokens most orthogonal to the attention sink first (the paper)", _sink_scores,
+           frozenset({SINK}), pointwise=True),
+    Policy("random", "a random pattern per sequence (ablation)", lambda inp: inp.random_draw, frozenset({RANDOM}),
+           finite_keys=False),  # +inf off the real tokens by construction
+    Policy("inverse", "tokens least orthogonal to the sink first (ablation)", lambda inp: -_sink_scores(inp),
+           frozenset({SINK}), pointwise=True),
+    Policy("norm", "largest hidden-state norm first", _norm),
+    Policy("prev-update", "largest update by the previous layer first, ||h_l - h_(l-1)||", _largest_given,
+           frozenset({PREV_INPUT})),
+    Policy("attention", f"most attention received from the last {ATTENTION_WINDOW} queries of this layer first (an "
+                        "estimate)", _largest_given, frozenset({ATTENTION})),
+    Policy("router", "highest score of a linear router fitted on calibration text first (`orthorank fit-router`)",
+           _router, frozenset({SINK, FITTED}), pointwise=True),
     Policy("oracle", "largest update by this layer, ||f(x) - x||, first: runs the layer densely (an upper bound, "
-                     "never a speed-up)", speedup=False),
+                     "never a speed-up)", _largest_given, frozenset({DENSE_UPDATE}), speedup=False,
+           no_kv_ablation=False),
+    Policy("loss-oracle", "largest first-order loss decrease of the update, <dL/dh_i, f(x)_i - x_i>, first: a dense "
+                          "forward and backward on the window's own next tokens (reads the labels: a reference, "
+                          "never a speed-up)", lambda inp: inp.given, frozenset({LOSS_EFFECT}), speedup=False),
 )}
 
 
@@ -56,29 +141,6 @@ def get_policy(name: str) -> Policy:
     if name not in POLICIES:
         raise UserError(f"unknown selection policy {name!r}; choose one of {', '.join(POLICIES)}")
     return POLICIES[name]
-
-
-def policy_keys(name: str, sink_scores: torch.Tensor | None, src: torch.Tensor, random_draw: torch.Tensor | None,
-                update_norms: torch.Tensor | None = None) -> torch.Tensor:
-    """Ascending keys [B, T] of policy `name`. sink_scores: |<x_sink, x_i>| [B, T] (orthogonal, inverse);
-    src: the score input [B, T, D] (norm); random_draw: [B, T] (random); update_norms: ||f(x) - x|| (oracle) or
-    the previous layer's ||h_l - h_(l-1)|| (prev-update), or the attention each token receives (attention)."""
-    if name == "orthogonal":
-        return sink_scores
-    if name == "inverse":
-        return -sink_scores
-    if name == "random":
-        if random_draw is None:
-            raise ValueError("the random policy needs per-sequence keys")
-        return random_draw
-    if name == "norm":
-        return -torch.linalg.vector_norm(src, dim=-1, dtype=torch.float32)
-    if name in ("oracle", "prev-update", "attention"):
-        if update_norms is None:
-            raise UserError(f"the {name} policy needs the {'layer' if name == 'oracle' else 'previous layer'}'s "
-                            "update: apply the plan to the model (orthorank.method.apply_plan)")
-        return -update_norms
-    raise UserError(f"unknown selection policy {name!r}; choose one of {', '.join(POLICIES)}")
 
 
 def attention_received(q: torch.Tensor, k: torch.Tensor, scale: float, valid: torch.Tensor | None,
@@ -132,7 +194,7 @@ def parse_variant(spec: str) -> dict[str, object]:
     change: dict[str, object] = {}
     if name:
         get_policy(name)
-        change["order"] = name
+        change["policy"] = name
     for mod in mods:
         key, _, value = mod.partition("=")
         ok = value in DECODE_MODES if key == "decode" else value.isdigit()

@@ -7,16 +7,17 @@ from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 
 from orthorank.errors import UserError
-from orthorank.method.policies import DECODE_MODES, POLICIES, get_policy
+from orthorank.method.policies import DECODE_MODES, FITTED, POLICIES, Policy, get_policy
+from orthorank.method.router import RouterState
 
 CRITERIA = ("dot", "cos")  # |<x_sink, x_i>| (paper) or |cos(x_sink, x_i)|
 SOURCES = ("normed", "raw")  # input-RMSNorm output (paper) or the raw residual stream
-ORDERS = tuple(POLICIES)  # selection policies (method/policies.py); the field keeps its first name, `order`
+ORDERS = tuple(POLICIES)  # selection policies (method/policies.py)
 
 
 @dataclass(frozen=True)
@@ -26,7 +27,7 @@ class SelectionConfig:
     ratio: float = 0.33
     criterion: str = "dot"
     source: str = "normed"
-    order: str = "orthogonal"
+    policy: str = "orthogonal"  # a name in method/policies.POLICIES (plans before the router called it `order`)
     # Ablation "no KV": bypassed tokens contribute no keys/values to the selected queries.
     bypass_kv: bool = True
     # Under the no-KV ablation, whether the sink's keys/values stay visible although the sink is bypassed (the paper
@@ -40,13 +41,18 @@ class SelectionConfig:
     # long prompt. 0 = off (and then left out of to_dict, so plans and stored results from before stay valid).
     keep_recent: int = 0
     keep_first: int = 0
+    # A fitted policy's parameters (the router's, method/router.py): saved inside the plan, None for rules.
+    fitted: RouterState | None = None
 
     def __post_init__(self) -> None:
         if not (0.0 < self.ratio <= 1.0) or math.isnan(self.ratio):
             raise UserError(f"ratio must be in (0, 1], got {self.ratio}")
-        get_policy(self.order)
-        if self.order == "oracle" and not self.bypass_kv:
-            raise UserError("the oracle policy runs the layer densely: it has no no-KV ablation")
+        rule = get_policy(self.policy)
+        if not rule.no_kv_ablation and not self.bypass_kv:
+            raise UserError(f"the {self.policy} policy runs the layer densely: it has no no-KV ablation")
+        if FITTED in rule.needs and self.fitted is None:
+            raise UserError(f"the {self.policy} policy needs fitted parameters, and this plan has none: fit them "
+                            "for the plan's layers with `orthorank fit-router --plan PLAN`")
         for name, value in (("keep_recent", self.keep_recent), ("keep_first", self.keep_first)):
             if not isinstance(value, int) or value < 0:
                 raise UserError(f"{name} must be a whole number of tokens >= 0, got {value!r}")
@@ -58,12 +64,42 @@ class SelectionConfig:
             if value not in allowed:
                 raise UserError(f"unknown {name} {value!r}; choose one of {', '.join(allowed)}")
 
+    @property
+    def rule(self) -> Policy:
+        """The policy object (method/policies.py) this configuration selects with."""
+        return get_policy(self.policy)
+
     def to_dict(self) -> dict:
-        out = asdict(self)
+        out = {f: getattr(self, f) for f in self.__dataclass_fields__ if f != "fitted"}
         for name in ("keep_recent", "keep_first"):
             if not out[name]:
                 del out[name]
+        if self.fitted is not None:
+            out["fitted"] = self.fitted.to_dict()
         return out
+
+    def key_dict(self) -> dict:
+        """What identifies this selection in result-store and checkpoint keys: to_dict under the field names of
+        plans before the router (`order`), so every stored result of an unfitted policy keeps its key."""
+        out = {("order" if k == "policy" else k): v for k, v in self.to_dict().items()}
+        if self.fitted is not None:  # the fitted weights, not the fit's timings, identify the results
+            out["fitted"] = self.fitted.digest()
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "SelectionConfig":
+        """A saved selection; reads plans that call the policy `order` (before the router) as well."""
+        data = dict(data)
+        if "order" in data:
+            if "policy" in data and data["policy"] != data["order"]:
+                raise UserError(f"the selection names two policies: order={data['order']!r}, "
+                                f"policy={data['policy']!r}")
+            data["policy"] = data.pop("order")
+        fitted = data.pop("fitted", None)
+        unknown = sorted(set(data) - {f for f in cls.__dataclass_fields__})
+        if unknown:
+            raise UserError(f"unknown selection field(s) {', '.join(unknown)}")
+        return cls(**data, fitted=RouterState.from_dict(fitted) if fitted is not None else None)
 
 
 def sink_scores(x: torch.Tensor, sink: torch.Tensor, criterion: str = "dot") -> torch.Tensor:

@@ -26,7 +26,7 @@ class SearchMethod:
         """What, besides the model and calibration windows, decides this search's result (its checkpoint key)."""
         out: dict = {}
         if self.plan_method == "orthorank":
-            out["selection"] = selection.to_dict()
+            out["selection"] = selection.key_dict()
         if self.greedy:
             out["screen_batches"] = screen
             out["recheck"] = None if screen is None else recheck

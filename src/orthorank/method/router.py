@@ -1,0 +1,192 @@
+"""The router policy's model: a linear score per selection layer from what the layer already has.
+
+Features of token i (no extra pass over the layer; F = D + len(EXTRA_FEATURES)):
+    x_i                          [D]  the layer's score input (its input norm's output)
+    <x_sink, x_i>, |<x_sink, x_i>|, cos(x_sink, x_i)   the sink terms the paper's rule reads
+    log ||x_i||, log ||h_i||     the normed and the raw residual norms
+    log(1 + position)
+score_i = ((f_i - mean) / scale) . w + b, higher = update first. The standardisation is folded into one weight
+vector and bias when the layer first scores (`LayerRouter.folded`), so a score costs one matrix-vector product over
+the hidden size plus the sink terms and norms: `flops_per_token`.
+
+`RouterState` is the fitted state of every selection layer, with its feature list, the fit's settings and the
+calibration it came from, and a format version; it is saved inside the plan (`SelectionConfig.fitted`) and loads
+bit for bit (weights are float32, written as the exact decimal of each float32).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from orthorank.errors import UserError
+
+ROUTER_FORMAT = "orthorank-router/1"
+EXTRA_FEATURES = ("sink_dot", "sink_abs", "sink_cos", "log_norm_x", "log_norm_h", "log_position")
+
+
+def flops_per_token(hidden: int) -> float:
+    """A router score per token: the sink dot product and two norms (2D each), the linear score over D + 6
+    features (2(D + 6)), and a few FLOPs for logs and the cosine."""
+    return float(2 * hidden * 3 + 2 * (hidden + len(EXTRA_FEATURES)) + 16)
+
+
+def extra_features(src: torch.Tensor, hidden: torch.Tensor, sink: torch.Tensor, past: int = 0) -> torch.Tensor:
+    """[B, T, 6] float32: the sink terms, log norms and log position of every token (EXTRA_FEATURES)."""
+    from orthorank.method.selection import _dot_float32
+
+    B, T, _ = src.shape
+    dot = _dot_float32(src, sink)  # [B, T]
+    norm_x = torch.linalg.vector_norm(src, dim=-1, dtype=torch.float32)
+    norm_h = torch.linalg.vector_norm(hidden, dim=-1, dtype=torch.float32)
+    norm_s = torch.linalg.vector_norm(sink, dim=-1, dtype=torch.float32).view(-1, 1)
+    cos = dot / (norm_x * norm_s).clamp_min(1e-12)
+    pos = torch.log1p(torch.arange(past, past + T, device=src.device, dtype=torch.float32)).expand(B, T)
+    return torch.stack([dot, dot.abs(), cos, torch.log(norm_x.clamp_min(1e-12)),
+                        torch.log(norm_h.clamp_min(1e-12)), pos], dim=-1)
+
+
+def features(src: torch.Tensor, hidden: torch.Tensor, sink: torch.Tensor, past: int = 0) -> torch.Tensor:
+    """[B, T, D + 6] float32: every feature of every token (the fit's design matrix)."""
+    return torch.cat([src.float(), extra_features(src, hidden, sink, past)], dim=-1)
+
+
+def _floats(values: Any, n: int | None, what: str) -> tuple[float, ...]:
+    if not isinstance(values, (list, tuple)) or (n is not None and len(values) != n):
+        raise UserError(f"router state: {what} must be a list of {n if n is not None else 'some'} numbers")
+    try:
+        arr = np.asarray(values, dtype=np.float64).astype(np.float32)
+    except (TypeError, ValueError):
+        raise UserError(f"router state: {what} must be a list of numbers") from None
+    out = tuple(arr.tolist())
+    if not all(math.isfinite(v) for v in out):
+        raise UserError(f"router state: {what} holds a non-finite number")
+    return out
+
+
+def _f32(t: torch.Tensor) -> tuple[float, ...]:
+    return tuple(float(v) for v in t.detach().to("cpu", torch.float32).reshape(-1).tolist())
+
+
+@dataclass(frozen=True)
+class LayerRouter:
+    """One selection layer's fitted score. Tuples of float32 values: hashable, comparable, exact in JSON."""
+
+    layer: int
+    weight: tuple[float, ...]  # [F] on standardised features
+    bias: float
+    mean: tuple[float, ...]  # [F]
+    scale: tuple[float, ...]  # [F], > 0
+    _cache: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
+
+    @classmethod
+    def from_tensors(cls, layer: int, weight: torch.Tensor, bias: float, mean: torch.Tensor,
+                     scale: torch.Tensor) -> "LayerRouter":
+        return cls(layer, _f32(weight), float(np.float32(bias)), _f32(mean), _f32(scale))
+
+    def folded(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, float]:
+        """(w_x [D] float32, w_extra [6] float32, bias) with the standardisation folded in, cached per device."""
+        got = self._cache.get(device)
+        if got is None:
+            w = torch.tensor(self.weight, dtype=torch.float64) / torch.tensor(self.scale, dtype=torch.float64)
+            b = float(self.bias) - float((w * torch.tensor(self.mean, dtype=torch.float64)).sum())
+            n = len(EXTRA_FEATURES)
+            got = (w[:-n].to(device, torch.float32), w[-n:].to(device, torch.float32), b)
+            self._cache[device] = got
+        return got
+
+    def score(self, src: torch.Tensor, hidden: torch.Tensor, sink: torch.Tensor, past: int = 0) -> torch.Tensor:
+        """[B, T] float32 scores (higher = update first)."""
+        w_x, w_e, b = self.folded(src.device)
+        if w_x.shape[0] != src.shape[-1]:
+            raise UserError(f"the router of layer {self.layer} was fitted on hidden size {w_x.shape[0]}, not "
+                            f"{src.shape[-1]}")
+        B, T, D = src.shape
+        main = torch.mv(src.reshape(B * T, D).float(), w_x).view(B, T)
+        return main + extra_features(src, hidden, sink, past) @ w_e + b
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"weight": list(self.weight), "bias": self.bias, "mean": list(self.mean), "scale": list(self.scale)}
+
+
+@dataclass(frozen=True)
+class RouterState:
+    """Every selection layer's router, with what the fit was (target, regularisation, features) and the calibration
+    it came from."""
+
+    layers: tuple[LayerRouter, ...]
+    target: str
+    hidden: int
+    settings: dict = field(default_factory=dict, compare=False, hash=False)  # alpha per layer, seed, timings, ...
+    calibration: dict = field(default_factory=dict, compare=False, hash=False)
+    format: str = ROUTER_FORMAT
+
+    def layer(self, index: int) -> LayerRouter:
+        for r in self.layers:
+            if r.layer == index:
+                return r
+        raise UserError(f"the router has no fitted score for layer {index} (it was fitted for layers "
+                        f"{[r.layer for r in self.layers]}): fit it for this plan's layers with `orthorank fit-router`")
+
+    @property
+    def layer_indices(self) -> list[int]:
+        return [r.layer for r in self.layers]
+
+    def digest(self) -> str:
+        """What the router computes (weights, scaling, target), not how long its fit took: a short hash."""
+        body = {"format": self.format, "target": self.target, "hidden": self.hidden,
+                "layers": {str(r.layer): r.to_dict() for r in self.layers}}
+        return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": self.format, "kind": "router", "target": self.target, "hidden": self.hidden,
+                "features": ["x[0:D]", *EXTRA_FEATURES], "settings": self.settings,
+                "calibration": self.calibration,
+                "layers": {str(r.layer): r.to_dict() for r in self.layers}}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "RouterState":
+        if not isinstance(data, dict) or data.get("format") != ROUTER_FORMAT:
+            raise UserError(f"the plan's fitted policy state is not a router of format {ROUTER_FORMAT!r}")
+        try:
+            hidden = int(data["hidden"])
+            n = hidden + len(EXTRA_FEATURES)
+            layers = []
+            for key, item in sorted(dict(data["layers"]).items(), key=lambda kv: int(kv[0])):
+                layers.append(LayerRouter(int(key), _floats(item["weight"], n, f"layer {key} weight"),
+                                          _floats([item["bias"]], 1, f"layer {key} bias")[0],
+                                          _floats(item["mean"], n, f"layer {key} mean"),
+                                          _floats(item["scale"], n, f"layer {key} scale")))
+            if any(s <= 0 for r in layers for s in r.scale):
+                raise UserError("router state: feature scales must be positive")
+            return cls(tuple(layers), str(data["target"]), hidden, dict(data.get("settings") or {}),
+                       dict(data.get("calibration") or {}))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise UserError(f"the plan's router state is malformed: {type(exc).__name__}: {exc}") from None
+
+
+def constant_router(layers: list[int], hidden: int, bias: float = 0.0) -> RouterState:
+    """All-zero weights and a bias: every token scores the same, so selection falls to the tie rule (the earliest
+    tokens first), as a constant policy would."""
+    n = hidden + len(EXTRA_FEATURES)
+    zeros, ones = torch.zeros(n), torch.ones(n)
+    return RouterState(tuple(LayerRouter.from_tensors(i, zeros, bias, zeros, ones) for i in sorted(layers)),
+                       "constant", hidden, {"kind": "constant"})
+
+
+def random_router(layers: list[int], hidden: int, seed: int = 0) -> RouterState:
+    """Random weights (tests and shapes): a router with no meaning, for code paths that need one."""
+    gen = torch.Generator().manual_seed(seed)
+    n = hidden + len(EXTRA_FEATURES)
+    out = []
+    for i in sorted(layers):
+        w, mean = torch.randn(n, generator=gen), torch.randn(n, generator=gen) * 0.1
+        scale = torch.rand(n, generator=gen) + 0.5
+        out.append(LayerRouter.from_tensors(i, w, float(torch.randn(1, generator=gen)), mean, scale))
+    return RouterState(tuple(out), "random", hidden, {"kind": "random", "seed": seed})
