@@ -60,6 +60,11 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     # orthorank-ratios --sparsity S`; any --policy).
     Method("orthorank-ratios", "hybrid", "this project: OrthoRank with its own keep ratio per layer, greedy over "
            "(layer, ratio) at exactly pruning's compute", search="orthorank-ratios"),
+    # The router policy on a plan's selection layers (`orthorank fit-router --plan plans/<model>/orthorank-<s>.json
+    # --out plans/<model>/router-<s>.json`): OrthoRank's layers, a fitted score instead of the sink rule, the keep
+    # ratio re-matched so that compute, the router's FLOPs included, equals pruning's.
+    Method("router", "orthorank", "this project: a linear router fitted on calibration text chooses the tokens, "
+           "compute-matched"),
     Method("spread-orthorank", "orthorank", "token selection in evenly spread layers (speed measurements)",
            layers="spread"),
     Method("spread-prune", "prune", "removal of evenly spread layers (speed measurements)", layers="spread"),

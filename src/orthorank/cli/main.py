@@ -16,6 +16,7 @@ COMMAND_MODULES = [
     "orthorank.cli.analyze",
     "orthorank.cli.selection_map",
     "orthorank.cli.calibrate",
+    "orthorank.cli.fit_router",
     "orthorank.cli.compare",
     "orthorank.cli.zeroshot",
     "orthorank.cli.generate",

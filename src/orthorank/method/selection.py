@@ -81,8 +81,10 @@ class SelectionConfig:
     def key_dict(self) -> dict:
         """What identifies this selection in result-store and checkpoint keys: to_dict under the field names of
         plans before the router (`order`), so every stored result of an unfitted policy keeps its key."""
-        out = {("order" if k == "policy" else k): v for k, v in self.to_dict().items()}
-        if self.fitted is not None:  # the fitted weights, not the fit's timings, identify the results
+        out = {("order" if k == "policy" else k): v for k, v in self.to_dict().items() if k != "fitted"}
+        # the fitted weights (not the fit's timings) identify the results, where the policy reads them: a plan's
+        # variant with another policy (compare --policies random) shares its results with the unfitted plan's
+        if self.fitted is not None and FITTED in self.rule.needs:
             out["fitted"] = self.fitted.digest()
         return out
 

@@ -1,0 +1,131 @@
+"""`orthorank fit-router`: fit the router policy for a plan's selection layers on calibration text and write the plan
+with the router inside it (search/router_fit.py)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+from orthorank.cli.calibration_options import check_calibration_source
+from orthorank.cli.common import add_model_args, check_memory, load_from_args, positive_int
+from orthorank.errors import UserError, comma_items, number_list
+from orthorank.method.cost import Arch, closest_count, compute_sparsity
+from orthorank.method.plan import Plan
+from orthorank.search.calibration import DEFAULT_CALIB_DATA
+from orthorank.search.router_fit import DEFAULT_ALPHAS, DEFAULT_TARGETS, TARGETS, FitSettings
+
+DEFAULT_SAMPLES = 32
+DEFAULT_SEQ_LEN = 512
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("fit-router", help="fit the router policy for a plan's selection layers; write a router plan",
+                       description="Fit a linear router per selection layer of PLAN on calibration text (never "
+                                   "evaluation text), choose its target and regularisation on held-out calibration "
+                                   "windows, and write PLAN's layers with policy router and the fitted state. An "
+                                   "OrthoRank plan's keep ratio is re-matched so that its compute, router included, "
+                                   "equals what the plan was matched to.")
+    add_model_args(p)
+    p.add_argument("--plan", required=True, help="the plan whose selection layers get a router (orthorank or hybrid)")
+    p.add_argument("--out", required=True, help="the router plan file to write")
+    p.add_argument("--calib-data", default=DEFAULT_CALIB_DATA,
+                   help="calibration text: a domain's held-out part (c4, wikitext2, news, code), mix, mix:A+B, or a "
+                        "text file (default %(default)s)")
+    p.add_argument("--data-dir", default=None, help="evaluation and calibration data (default ../shared/data)")
+    p.add_argument("--calib-samples", type=positive_int, default=DEFAULT_SAMPLES,
+                   help="calibration windows (default %(default)s; a quarter is held out)")
+    p.add_argument("--seq-len", type=positive_int, default=DEFAULT_SEQ_LEN,
+                   help="calibration window length (default %(default)s)")
+    p.add_argument("--targets", default=",".join(DEFAULT_TARGETS),
+                   help="candidate targets, the best on held-out windows kept: " + "; ".join(
+                       f"{k}: {v}" for k, v in TARGETS.items()) + " (default %(default)s)")
+    p.add_argument("--alphas", default=",".join(f"{a:g}" for a in DEFAULT_ALPHAS),
+                   help="ridge penalties to choose from on held-out windows (default %(default)s)")
+    p.add_argument("--iterations", type=positive_int, default=2,
+                   help="recording passes (the paper's rule selects in the first, the router after; default "
+                        "%(default)s)")
+    p.add_argument("--fisher-samples", type=positive_int, default=2,
+                   help="sampled next-token sequences per window for the fisher target (default %(default)s)")
+    p.add_argument("--batch-size", type=positive_int, default=4, help="windows per forward (default %(default)s)")
+    p.add_argument("--keep-ratio", action="store_true",
+                   help="keep the plan's ratio (default: re-match an OrthoRank plan's compute with the router's cost)")
+    p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    p.set_defaults(func=run)
+
+
+def rematch_ratio(plan: Plan, scoring: float) -> float:
+    """The keep ratio at which the plan's selection layers, each paying `scoring` FLOPs per token to choose, skip
+    the compute share the plan had (its match target): the closest whole number of kept tokens at its cost length."""
+    arch = Arch(**plan.arch)
+    seq_len = int(plan.provenance.get("cost_seq_len", 512))
+    target = plan.compute_sparsity(arch, seq_len)
+    n = len(plan.layers)
+
+    def skipped(k: int) -> float:
+        return compute_sparsity(arch, seq_len, "orthorank", n, k / seq_len, scoring=scoring)
+
+    return closest_count(skipped, 1, seq_len, target) / seq_len
+
+
+def run(args) -> int:
+    out = Path(args.out)
+    if out.exists() and not args.overwrite:
+        raise UserError(f"{out} exists; pass --overwrite to replace it")
+    if out.parent.exists() and not out.parent.is_dir():
+        raise UserError(f"cannot write {out}: {out.parent} is not a folder")
+    plan = Plan.load(args.plan)
+    if plan.method not in ("orthorank", "hybrid"):
+        raise UserError(f"{args.plan} is a {plan.method} plan: it selects tokens in no layer, so there is no router "
+                        "to fit")
+    targets = comma_items(args.targets)
+    alphas = tuple(number_list(args.alphas, "--alphas"))
+    settings = FitSettings(targets=tuple(targets), alphas=alphas, iterations=args.iterations,
+                           fisher_samples=args.fisher_samples, batch_size=args.batch_size, seed=args.seed)
+    check_calibration_source(args.calib_data, args.data_dir)
+    lm = load_from_args(args)
+    plan.check_model(lm.name, lm.signature())
+    if lm.tokenizer is None:
+        raise UserError("a router fit needs a real model with a tokenizer (calibration text)")
+    check_memory(lm, args.batch_size, args.seq_len, "fit-router", loss=True)
+    from orthorank.method.policies import get_policy
+    from orthorank.search.calibration import calibration_set
+    from orthorank.search.router_fit import fit_router
+
+    selection = plan.selection
+    if plan.method == "orthorank" and not args.keep_ratio and plan.arch:
+        ratio = rematch_ratio(plan, get_policy("router").scoring_flops(plan.arch["hidden"]))
+        selection = dataclasses.replace(selection, ratio=ratio)
+    base = dataclasses.replace(plan, selection=dataclasses.replace(selection, policy="orthogonal", fitted=None))
+    calib = calibration_set(lm.tokenizer, args.calib_data, args.calib_samples, args.seq_len, args.seed,
+                            args.data_dir)
+
+    def say(text: str) -> None:
+        print(f"fit-router: {text}", file=sys.stderr, flush=True)
+
+    say(f"{len(plan.selection_layers)} selection layers, ratio {selection.ratio:.6g}; calibration "
+        f"{args.calib_samples} x {args.seq_len} tokens of {args.calib_data} (seed {args.seed})")
+    t0 = time.perf_counter()
+    result = fit_router(lm.model, base, calib.windows, settings, calib.provenance, log=say)
+    seconds = time.perf_counter() - t0
+    routed = dataclasses.replace(
+        base, selection=dataclasses.replace(base.selection, policy="router", fitted=result.state),
+        provenance={**{k: v for k, v in plan.provenance.items() if k != "measured"},
+                    "router_of": {"plan": str(args.plan), "content_hash": plan.content_hash(),
+                                  "ratio": plan.selection.ratio},
+                    "router_fit": {**result.report, "seconds": round(seconds, 1), "device": str(lm.device),
+                                   "dtype": str(next(lm.model.parameters()).dtype).replace("torch.", "")}})
+    if plan.provenance.get("search"):
+        routed.provenance["search"] = f"{plan.provenance['search']}+router"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    routed.save(out, overwrite=args.overwrite)
+    chosen = result.report.get("chosen") or {}
+    nll = result.report["held_out_nll"]
+    say(f"chose target {chosen.get('target')} (pass {chosen.get('pass')}): held-out calibration NLL "
+        f"{nll['router']:.4f} against the paper's rule's {nll['orthogonal']:.4f}; fitted in {seconds:.0f} s")
+    print(json.dumps({"plan": str(out), "target": chosen.get("target"), "held_out_nll": nll,
+                      "ratio": routed.selection.ratio, "seconds": round(seconds, 1)}))
+    return 0

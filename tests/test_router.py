@@ -1,0 +1,194 @@
+"""The router policy (method/router.py), its fit (search/router_fit.py) and the loss-oracle (method/recording.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import struct
+
+import pytest
+import torch
+
+from cli_helpers import assert_user_error
+from conftest import tiny_model
+from orthorank.errors import UserError
+from orthorank.method import SelectionConfig, apply_orthorank
+from orthorank.method.apply import restore_dense, selective
+from orthorank.method.cost import Arch, model_flops
+from orthorank.method.plan import Plan
+from orthorank.method.policies import POLICIES
+from orthorank.method.router import RouterState, constant_router, flops_per_token, random_router
+from orthorank.method.selection import keep_count
+from orthorank.search.router_fit import FitSettings, fit_router
+
+SIG = {"model_type": "llama", "num_layers": 4, "hidden_size": 64, "vocab_size": 128}
+
+
+def ids_for(batch=2, length=24, vocab=128, seed=1):
+    return torch.randint(1, vocab, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def _bits(values) -> list[int]:
+    return [struct.unpack("<I", struct.pack("<f", v))[0] for v in values]
+
+
+def _layer_io(m, i, ids):
+    seen = {}
+
+    def hook(module, args, kwargs):
+        seen["h"] = (args[0] if args else kwargs["hidden_states"]).detach().clone()
+    handle = m.model.layers[i].register_forward_pre_hook(hook, with_kwargs=True)
+    m(ids, use_cache=False)
+    handle.remove()
+    return seen["h"]
+
+
+def test_a_fitted_router_round_trips_through_a_plan_file_bit_for_bit(tmp_path):
+    state = random_router([1, 2], 64, seed=3)
+    plan = Plan("orthorank", [1, 2], "tiny", SIG, selection=SelectionConfig(policy="router", fitted=state))
+    path = plan.save(tmp_path / "router.json")
+    back = Plan.load(path)
+    got = back.selection.fitted
+    assert got == state and got.digest() == state.digest() and back.content_hash() == plan.content_hash()
+    for a, b in zip(state.layers, got.layers):
+        for field in ("weight", "mean", "scale"):
+            assert _bits(getattr(a, field)) == _bits(getattr(b, field))
+        assert _bits([a.bias]) == _bits([b.bias])
+    assert json.loads(path.read_text())["selection"]["fitted"]["format"] == "orthorank-router/1"
+    # and it runs the same: saved and loaded routers select the same tokens
+    m = tiny_model()
+    ids = ids_for()
+    apply_orthorank(m, [1, 2], plan.selection)
+    a = m(ids).logits
+    apply_orthorank(m, [1, 2], back.selection)
+    assert torch.equal(a, m(ids).logits)
+
+
+def test_a_router_with_zero_weights_and_a_bias_is_a_constant_policy():
+    """Every token scores the bias: ties go to the earliest position, so the first K tokens after the sink."""
+    m = tiny_model()
+    ids = ids_for(batch=2, length=20)
+    apply_orthorank(m, [2], SelectionConfig(ratio=0.3, policy="router", fitted=constant_router([2], 64, bias=1.5)))
+    m(ids, use_cache=False)
+    keep = selective(m.model.layers[2]).last_keep
+    k = keep_count(20, 0.3)
+    expected = torch.zeros(2, 20, dtype=torch.bool)
+    expected[:, 1:k + 1] = True
+    assert torch.equal(keep, expected)
+
+
+def test_router_selection_equals_a_brute_force_top_k_of_its_scores():
+    m = tiny_model()
+    ids = ids_for(batch=2, length=21, seed=4)
+    state = random_router([1], 64, seed=9)
+    apply_orthorank(m, [1], SelectionConfig(ratio=0.4, policy="router", fitted=state))
+    h = _layer_io(m, 1, ids)
+    keep = selective(m.model.layers[1]).last_keep
+    x = m.model.layers[1].input_layernorm(h)
+    scores = state.layer(1).score(x, h, x[:, 0], 0)
+    k = keep_count(21, 0.4)
+    for b in range(2):
+        order = sorted(range(1, 21), key=lambda t: (-float(scores[b, t]), t))  # the sink ranks last
+        assert sorted(torch.nonzero(keep[b]).squeeze(1).tolist()) == sorted(order[:k])
+
+
+def test_the_router_flops_enter_compute_sparsity():
+    arch = {"num_layers": 30, "hidden": 576, "heads": 9, "kv_heads": 3, "head_dim": 64, "ffn": 1536, "vocab": 49152}
+    sig = {"model_type": "llama", "num_layers": 30, "hidden_size": 576, "vocab_size": 49152}
+    layers = [4, 5, 12, 13]
+    rule = Plan("orthorank", layers, "m", sig, selection=SelectionConfig(ratio=0.33), arch=arch)
+    routed = Plan("orthorank", layers, "m", sig,
+                  selection=SelectionConfig(ratio=0.33, policy="router", fitted=random_router(layers, 576)), arch=arch)
+    extra = len(layers) * (flops_per_token(576) - 2 * 576) / model_flops(Arch(**arch), 512)
+    assert routed.compute_sparsity(seq_len=512) == pytest.approx(rule.compute_sparsity(seq_len=512) - extra, abs=1e-12)
+    assert POLICIES["router"].scoring_flops(576) == flops_per_token(576) > POLICIES["orthogonal"].scoring_flops(576)
+
+
+def test_fitting_twice_with_one_seed_gives_identical_weights():
+    m = tiny_model(layers=4)
+    windows = ids_for(batch=8, length=16, seed=7)
+    plan = Plan("orthorank", [1, 2], "tiny", SIG, selection=SelectionConfig(ratio=0.4))
+    settings = FitSettings(alphas=(1.0, 100.0), iterations=2, batch_size=4, seed=5)
+    a = fit_router(m, plan, windows, settings, {"data": "test"})
+    b = fit_router(m, plan, windows, settings, {"data": "test"})
+    assert a.state == b.state and a.state.digest() == b.state.digest()
+    assert a.state.layer_indices == [1, 2] and a.state.target in settings.targets
+    assert a.report["chosen"]["target"] == a.state.target
+    assert getattr(m.model, "_orthorank_state", None) is None or m._orthorank_state is None  # restored dense
+
+
+def test_a_plan_written_before_the_router_loads_and_runs_unchanged(tmp_path):
+    """Plans of the first field name (`order`) load, keep their content hash (the result store's key) and select
+    exactly as the same plan written today."""
+    m = tiny_model()
+    ids = ids_for()
+    new = Plan("orthorank", [1, 2], "tiny", SIG, selection=SelectionConfig(ratio=0.33, policy="inverse"))
+    old = new.to_dict()
+    old["selection"] = {("order" if k == "policy" else k): v for k, v in old["selection"].items()}
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    loaded = Plan.load(tmp_path / "old.json")
+    assert loaded.selection.policy == "inverse" and loaded.content_hash() == new.content_hash()
+    apply_orthorank(m, [1, 2], new.selection)
+    a = m(ids).logits
+    apply_orthorank(m, [1, 2], loaded.selection)
+    assert torch.equal(a, m(ids).logits)
+    # the committed plans keep the hashes their stored results were filed under
+    assert Plan.load("plans/smollm2-135m/orthorank-0.2.json").content_hash() == "90aea49177ea0094"
+
+
+def test_a_router_plan_without_fitted_state_or_for_other_layers_is_refused():
+    with pytest.raises(UserError, match="needs fitted parameters"):
+        SelectionConfig(policy="router")
+    with pytest.raises(UserError, match="no fitted score for layer 3"):
+        apply_orthorank(tiny_model(), [3], SelectionConfig(policy="router", fitted=random_router([1], 64)))
+    data = random_router([1], 64).to_dict()
+    data["layers"]["1"]["weight"] = data["layers"]["1"]["weight"][:-1]
+    with pytest.raises(UserError, match="must be a list of 70 numbers"):
+        RouterState.from_dict(data)
+
+
+def test_the_loss_oracle_ranks_by_the_first_order_loss_effect():
+    """Its keys are <dL/dh_i, f(x)_i - x_i> of the dense model (L the window's summed next-token NLL), computed here
+    by hand with autograd; it keeps the K most negative, and leaves the model dense afterwards."""
+    m = tiny_model(layers=3)
+    ids = ids_for(batch=1, length=12, seed=3)
+    h = _layer_io(m, 1, ids).requires_grad_(True)
+    kwargs = {}
+
+    def grab(module, args, kw):
+        kwargs.update({k: v for k, v in kw.items() if k != "hidden_states"})
+    handle = m.model.layers[1].register_forward_pre_hook(grab, with_kwargs=True)
+    m(ids, use_cache=False)
+    handle.remove()
+    out = m.model.layers[1](h, **kwargs)
+    out = out[0] if isinstance(out, tuple) else out
+    rest = out
+    for layer in m.model.layers[2:]:
+        r = layer(rest, **kwargs)
+        rest = r[0] if isinstance(r, tuple) else r
+    logits = m.lm_head(m.model.norm(rest))
+    loss = torch.nn.functional.cross_entropy(logits[0, :-1], ids[0, 1:], reduction="sum")
+    g = torch.autograd.grad(loss, out)[0]
+    effect = (g * (out - h)).sum(-1)[0].detach()
+    apply_orthorank(m, [1], SelectionConfig(ratio=0.25, policy="loss-oracle"))
+    m(ids, use_cache=False)
+    keep = selective(m.model.layers[1]).last_keep[0]
+    k = keep_count(12, 0.25)
+    expected = sorted(sorted(range(1, 12), key=lambda t: float(effect[t]))[:k])
+    assert sorted(torch.nonzero(keep).squeeze(1).tolist()) == expected
+    restore_dense(m)
+
+
+def test_fit_router_refuses_bad_input_before_loading(capsys, tmp_path):
+    prune = Plan("prune", [1], "tiny", SIG)
+    prune.save(tmp_path / "prune.json")
+    assert_user_error(capsys, "selects tokens in no layer", "fit-router", "--plan", str(tmp_path / "prune.json"),
+                      "--out", str(tmp_path / "r.json"))
+    orth = Plan("orthorank", [1], "tiny", SIG, selection=SelectionConfig())
+    orth.save(tmp_path / "o.json")
+    assert_user_error(capsys, "unknown router target(s) nope", "fit-router", "--plan", str(tmp_path / "o.json"),
+                      "--out", str(tmp_path / "r.json"), "--targets", "update,nope")
+    (tmp_path / "r.json").write_text("mine")
+    assert_user_error(capsys, "exists; pass --overwrite", "fit-router", "--plan", str(tmp_path / "o.json"),
+                      "--out", str(tmp_path / "r.json"))
+    assert (tmp_path / "r.json").read_text() == "mine"
