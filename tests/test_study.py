@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from orthorank.method.plan import Plan
+
 from cli_helpers import assert_user_error, run_cli
 from orthorank.study.claims import (
     CONTRADICTED, INCONCLUSIVE, NO_DIFFERENCE, SUPPORTED, perplexity_claims, speed_claims, verdict,
@@ -96,10 +98,15 @@ def test_study_end_to_end_resumes_and_summarizes(capsys, tiny_long_folder, tmp_p
                                 "--threads", "1")
     assert code == 0, err
     study = json.loads((out / "study.json").read_text())
-    assert study["finished"] == ["sink", "plans", "perplexity", "zeroshot", "longctx", "speed", "decode"]
+    assert study["finished"] == ["sink", "plans", "perplexity", "zeroshot", "longctx", "speed", "decode", "router"]
     assert study["skipped"] == ["hybrid", "transfer", "policies"]  # not in the test budget; run only when named
     groups = {c["group"] for c in study["claims"]}
-    assert groups == {"perplexity", "ablation", "zero-shot", "long inputs", "speed"}
+    assert groups == {"perplexity", "ablation", "zero-shot", "long inputs", "speed", "router"}
+    router = Plan.load(tmp_path / "plans" / tiny_long_folder.name / "router-0.2.json")
+    assert router.selection.policy == "router" and router.selection.fitted.layer_indices == router.layers
+    assert {c["claim"] for c in study["claims"] if c["group"] == "router"} == {
+        "the router's perplexity is below sleb's",
+        "the router's perplexity is below the paper's rule's (same layers, same compute)"}
     for c in study["claims"]:  # every verdict is the interval's
         assert c["low"] <= c["value"] <= c["high"] or c["group"] == "speed"
         assert c["verdict"] == verdict(c["low"], c["high"], c["better"], c["null"])
@@ -119,7 +126,7 @@ def test_study_end_to_end_resumes_and_summarizes(capsys, tiny_long_folder, tmp_p
 
     code, stdout, err = run_cli(capsys, "study", "--model", tiny_long_folder, "--budget", "test", "--out", out,
                                 "--threads", "1")
-    assert code == 0 and err.count("done before") == 7, err  # resumed: nothing ran again
+    assert code == 0 and err.count("done before") == 8, err  # resumed: nothing ran again
 
     # the policies stage (issue 24 for any model), named: per level, compare with the rules and zero-shot, the
     # long-context suite and LongBench with the same rules, the decision from their intervals, a report section

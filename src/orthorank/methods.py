@@ -65,6 +65,12 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     # ratio re-matched so that compute, the router's FLOPs included, equals pruning's.
     Method("router", "orthorank", "this project: a linear router fitted on calibration text chooses the tokens, "
            "compute-matched"),
+    # The router on a hybrid plan's selection layers (`fit-router --plan plans/<model>/hybrid-<s>.json
+    # --match-compute-of plans/<model>/sleb-<s>.json --out plans/<model>/router-hybrid-<s>.json`): the hybrid
+    # search's removals and selection layers, each selection layer's kept tokens shifted so that compute, the
+    # router's FLOPs included, equals SLEB's exactly.
+    Method("router-hybrid", "hybrid", "this project: a hybrid plan's removals, with a fitted router choosing the "
+           "tokens in its selection layers, compute-matched"),
     Method("spread-orthorank", "orthorank", "token selection in evenly spread layers (speed measurements)",
            layers="spread"),
     Method("spread-prune", "prune", "removal of evenly spread layers (speed measurements)", layers="spread"),

@@ -30,7 +30,9 @@ from orthorank.models.loading import check_context
 from orthorank.results import atomic_write_text, check_writable, write_json
 
 # compare takes the compute-matched names; --match adds the nominal OrthoRank rows
-METHODS = ("dense", *[n for n, m in _REGISTRY.items() if m.search is not None and m.match == "compute"])
+# every method with saved plans (a search's, or a router fitted on them), compute-matched
+METHODS = ("dense", *[n for n, m in _REGISTRY.items()
+                      if m.layers == "plan" and m.plan_kind != "dense" and m.match == "compute"])
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -182,7 +184,7 @@ def build_rows(lm, methods: list[str], sparsities: list[float], ablations: bool,
             rows.append(Row(label, s, plan))
             if ablations and method == "orthorank" and (ablation_levels is None or s in ablation_levels):
                 rows += [Row(name.replace("orthorank", label, 1), s, variant) for name, variant in ablation_plans(plan)]
-            if policies and plan.method == "orthorank" and (ablation_levels is None or s in ablation_levels):
+            if policies and plan.selection_layers and (ablation_levels is None or s in ablation_levels):
                 rows += [Row(f"{label} (policy {spec})", s, variant)
                          for spec, (_, variant) in zip(policies, policy_plans(plan, policies))]
     return rows

@@ -13,8 +13,9 @@ from pathlib import Path
 from orthorank.cli.calibration_options import check_calibration_source
 from orthorank.cli.common import add_model_args, check_memory, load_from_args, positive_int
 from orthorank.errors import UserError, comma_items, number_list
-from orthorank.method.cost import Arch, closest_count, compute_sparsity
-from orthorank.method.plan import Plan
+from orthorank.method.cost import Arch, closest_count, compute_sparsity, hybrid_compute_sparsity
+from orthorank.method.plan import REMOVE, Plan
+from orthorank.method.selection import keep_count
 from orthorank.search.calibration import DEFAULT_CALIB_DATA
 from orthorank.search.router_fit import DEFAULT_ALPHAS, DEFAULT_TARGETS, TARGETS, FitSettings
 
@@ -53,22 +54,48 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-size", type=positive_int, default=4, help="windows per forward (default %(default)s)")
     p.add_argument("--keep-ratio", action="store_true",
                    help="keep the plan's ratio (default: re-match an OrthoRank plan's compute with the router's cost)")
+    p.add_argument("--match-compute-of", default=None, metavar="PLAN",
+                   help="set the keep ratios so that the router plan skips exactly this plan's compute (e.g. SLEB's "
+                        "at the same level; default: the compute the plan itself skipped)")
+    p.add_argument("--cost-seq-len", type=positive_int, default=None,
+                   help="sequence length of the compute match (default: the plan's own cost length)")
     p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
     p.set_defaults(func=run)
 
 
-def rematch_ratio(plan: Plan, scoring: float) -> float:
-    """The keep ratio at which the plan's selection layers, each paying `scoring` FLOPs per token to choose, skip
-    the compute share the plan had (its match target): the closest whole number of kept tokens at its cost length."""
+def rematch(plan: Plan, scoring: float, target: float | None = None, seq_len: int | None = None) -> Plan:
+    """The plan with its keep ratios set so that its selection layers, each paying `scoring` FLOPs per token to
+    choose, skip `target` (default: the compute share the plan had) at `seq_len` (default: its cost length): the
+    closest whole number of kept tokens. An OrthoRank plan's one ratio moves; a hybrid plan's selection layers all
+    keep the same number of tokens more (or fewer) than they did, each ratio staying inside (0, 1)."""
     arch = Arch(**plan.arch)
-    seq_len = int(plan.provenance.get("cost_seq_len", 512))
-    target = plan.compute_sparsity(arch, seq_len)
-    n = len(plan.layers)
+    seq_len = seq_len or int(plan.provenance.get("cost_seq_len", 512))
+    target = plan.compute_sparsity(arch, seq_len) if target is None else target
+    if plan.method == "orthorank":
+        n = len(plan.layers)
 
-    def skipped(k: int) -> float:
-        return compute_sparsity(arch, seq_len, "orthorank", n, k / seq_len, scoring=scoring)
+        def skipped(k: int) -> float:
+            return compute_sparsity(arch, seq_len, "orthorank", n, k / seq_len, scoring=scoring)
 
-    return closest_count(skipped, 1, seq_len, target) / seq_len
+        ratio = closest_count(skipped, 1, seq_len, target) / seq_len
+        return dataclasses.replace(plan, selection=dataclasses.replace(plan.selection, ratio=ratio))
+    kept = {i: keep_count(seq_len, float(a)) for i, a in plan.actions.items() if a != REMOVE}
+    removed = len(plan.removed_layers)
+    lo, hi = -min(kept.values()) + 1, seq_len - 1 - max(kept.values())
+
+    def shifted(d: int) -> list[float]:
+        return [(k + d) / seq_len for k in kept.values()]
+
+    def skipped_h(j: int) -> float:  # j = d - lo >= 0, decreasing in j as closest_count needs
+        return hybrid_compute_sparsity(arch, seq_len, removed, shifted(j + lo), scoring=scoring)
+
+    if not (skipped_h(0) >= target >= skipped_h(hi - lo)):
+        raise UserError(f"no keep ratios of this hybrid plan's {len(kept)} selection layers reach compute "
+                        f"sparsity {target:.4f} at {seq_len} tokens (they span {skipped_h(hi - lo):.4f}-"
+                        f"{skipped_h(0):.4f})")
+    d = closest_count(skipped_h, 0, hi - lo, target) + lo
+    actions = {i: (a if a == REMOVE else (kept[i] + d) / seq_len) for i, a in plan.actions.items()}
+    return dataclasses.replace(plan, actions=actions)
 
 
 def run(args) -> int:
@@ -95,10 +122,15 @@ def run(args) -> int:
     from orthorank.search.calibration import calibration_set
     from orthorank.search.router_fit import fit_router
 
+    matched = None
+    if args.match_compute_of:
+        other = Plan.load(args.match_compute_of)
+        other.check_model(lm.name, lm.signature())
+        matched = {"plan": args.match_compute_of, "compute": other.compute_sparsity(seq_len=args.cost_seq_len)}
+    if not args.keep_ratio and plan.arch:
+        plan = rematch(plan, get_policy("router").scoring_flops(plan.arch["hidden"]),
+                       None if matched is None else matched["compute"], args.cost_seq_len)
     selection = plan.selection
-    if plan.method == "orthorank" and not args.keep_ratio and plan.arch:
-        ratio = rematch_ratio(plan, get_policy("router").scoring_flops(plan.arch["hidden"]))
-        selection = dataclasses.replace(selection, ratio=ratio)
     base = dataclasses.replace(plan, selection=dataclasses.replace(selection, policy="orthogonal", fitted=None))
     calib = calibration_set(lm.tokenizer, args.calib_data, args.calib_samples, args.seq_len, args.seed,
                             args.data_dir)
@@ -106,7 +138,8 @@ def run(args) -> int:
     def say(text: str) -> None:
         print(f"fit-router: {text}", file=sys.stderr, flush=True)
 
-    say(f"{len(plan.selection_layers)} selection layers, ratio {selection.ratio:.6g}; calibration "
+    ratios = sorted({round(c.ratio, 6) for c in plan.selection_layers.values()})
+    say(f"{len(plan.selection_layers)} selection layers, ratio {', '.join(f'{r:g}' for r in ratios)}; calibration "
         f"{args.calib_samples} x {args.seq_len} tokens of {args.calib_data} (seed {args.seed})")
     t0 = time.perf_counter()
     result = fit_router(lm.model, base, calib.windows, settings, calib.provenance, log=say)
@@ -114,8 +147,8 @@ def run(args) -> int:
     routed = dataclasses.replace(
         base, selection=dataclasses.replace(base.selection, policy="router", fitted=result.state),
         provenance={**{k: v for k, v in plan.provenance.items() if k != "measured"},
-                    "router_of": {"plan": str(args.plan), "content_hash": plan.content_hash(),
-                                  "ratio": plan.selection.ratio},
+                    "router_of": {"plan": str(args.plan), "content_hash": Plan.load(args.plan).content_hash(),
+                                  "compute_matched_to": matched},
                     "router_fit": {**result.report, "seconds": round(seconds, 1), "device": str(lm.device),
                                    "dtype": str(next(lm.model.parameters()).dtype).replace("torch.", "")}})
     if plan.provenance.get("search"):

@@ -206,7 +206,7 @@ def reference_rows(row: Row, rows: list[Row]) -> list[Row]:
         if row.ablation.startswith("policy "):  # another rule at the paper's compute: also against pruning
             own += [r for r in rows if r.method in PRUNING and r.level == row.level]
         return own
-    if row.family == "hybrid":  # against every pruning method and OrthoRank at its level
+    if row.family in ("hybrid", "router", "router-hybrid"):  # against every pruning method and OrthoRank at its level
         return [r for r in rows if r.level == row.level and r.ablation is None
                 and (r.method in PRUNING or r.family.startswith("orthorank"))]
     if row.family.startswith("orthorank"):
@@ -281,7 +281,7 @@ def headrooms(rows: list[Row]) -> list[Headroom]:
     from orthorank.evaluation.stats import headroom_share
 
     out = []
-    for base in [r for r in rows if r.ablation is None and r.family.startswith("orthorank")]:
+    for base in [r for r in rows if r.ablation is None and (r.family.startswith("orthorank") or r.family.startswith("router"))]:
         mine = [r for r in rows if r.family == base.method and r.level == base.level]
         random = next((r for r in mine if r.ablation in ("random", "policy random")), None)
         oracle = next((r for r in mine if r.ablation == "policy oracle"), None)

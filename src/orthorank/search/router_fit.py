@@ -270,14 +270,16 @@ def fit_router(model: nn.Module, plan: Plan, windows: torch.Tensor, settings: Fi
     report["held_out_nll"] = {"orthogonal": paper_nll}
     log(f"held-out calibration NLL with the paper's rule: {paper_nll:.4f}")
     current, best_state, best_nll, best_choice = base, None, math.inf, None
+    targets = settings.targets
     for it in range(settings.iterations):
         t_rec = time.perf_counter()
-        rec = record(model, current, windows, settings, log if it == 0 else None)
+        # later passes refine the chosen target only (the others lost on held-out windows already)
+        rec = record(model, current, windows, dataclasses.replace(settings, targets=targets), log if it == 0 else None)
         t_fit = time.perf_counter()
         train_mask = torch.isin(rec.window, torch.tensor(train_windows))
         pass_report: dict[str, Any] = {"selected_by": current.selection.policy,
                                        "record_seconds": round(t_fit - t_rec, 1), "targets": {}}
-        for target in settings.targets:
+        for target in targets:
             fits, layer_info = {}, {}
             for i in sorted(rec.X):
                 alpha, corr, fitted = fit_layer(rec.X[i], rec.Y[i][target], rec.window, train_mask, settings.alphas)
@@ -299,7 +301,7 @@ def fit_router(model: nn.Module, plan: Plan, windows: torch.Tensor, settings: Fi
         report["passes"].append(pass_report)
         if best_state is None:
             break
-        current = with_router(plan, best_state)
+        current, targets = with_router(plan, best_state), (best_choice["target"],)
     report["chosen"] = best_choice
     report["held_out_nll"]["router"] = best_nll
     report["seconds"] = round(time.perf_counter() - t0, 1)

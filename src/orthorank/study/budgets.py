@@ -74,6 +74,22 @@ class PolicyBudget:
 
 
 @dataclass(frozen=True)
+class RouterBudget:
+    """The router stage: a router fitted per level on the study's OrthoRank plans (calibration text only), then
+    compared with SLEB and the paper's rule on the perplexity stage's windows."""
+
+    calib_samples: int = 32  # calibration windows (a quarter held out to choose the target and regularisation)
+    calib_seq_len: int = 512
+    iterations: int = 2
+    targets: tuple[str, ...] = ()  # () = every target of search/router_fit.py
+
+    def fit_flags(self) -> list[str]:
+        out = ["--calib-samples", str(self.calib_samples), "--seq-len", str(self.calib_seq_len),
+               "--iterations", str(self.iterations)]
+        return out + (["--targets", ",".join(self.targets)] if self.targets else [])
+
+
+@dataclass(frozen=True)
 class Budget:
     name: str
     levels: tuple[float, ...]  # sparsities of every plan and perplexity row
@@ -93,6 +109,7 @@ class Budget:
     transfer: TransferBudget | None = None  # the transfer stage (run only when asked for: hours per model)
     decode_policies: bool = True  # the decode stage: continuation perplexity under each decode policy
     policies: PolicyBudget | None = None  # the policies stage (run only when asked for: hours per model)
+    router: RouterBudget | None = None  # the router stage (None: skipped)
 
     def caption(self) -> str:
         return (f"budget {self.name}: perplexity on the first {self.ppl_windows} windows of {self.ppl_seq_len} tokens "
@@ -106,20 +123,24 @@ class Budget:
 
 BUDGETS: dict[str, Budget] = {
     "quick": Budget("quick", (0.1, 0.2), (0.2,), 4, 256, 10, "512", 2, 3, 512, 2, False, decode_tokens=8,
-                    decode_policies=False, policies=PolicyBudget("512", 2, ("niah_single",), 1, (0.2,))),
+                    decode_policies=False, policies=PolicyBudget("512", 2, ("niah_single",), 1, (0.2,)),
+                    router=RouterBudget(8, 256, 1, ("update", "relative"))),
     "standard": Budget("standard", (0.1, 0.2), (0.2,), 16, 512, 100, "1k", 6, 15, 1024, 4, True,
                        transfer=TransferBudget(ISSUE_SETTINGS, 32, 512, (0.1, 0.2)),
-                       policies=PolicyBudget("1k,2k", 20, ("niah_single", "niah_multikey"), 8)),
+                       policies=PolicyBudget("1k,2k", 20, ("niah_single", "niah_multikey"), 8),
+                       router=RouterBudget()),
     "full": Budget("full", (0.1, 0.2), (0.1, 0.2), 128, 2048, 1000, "1k,2k,4k", 50, 9, 2048, 8, True,
                    transfer=TransferBudget(ISSUE_SETTINGS, 64, 2048, (0.1, 0.2)),
-                   policies=PolicyBudget("1k,2k,4k", 50, ("niah_single", "niah_multikey"), 20)),
+                   policies=PolicyBudget("1k,2k,4k", 50, ("niah_single", "niah_multikey"), 20),
+                   router=RouterBudget(64, 2048)),
     # for tests and a smoke run of a new setup: every stage, seconds on a tiny model
     "test": Budget("test", (0.1, 0.2), (0.2,), 2, 64, 4, "512", 2, 2, 64, 1, False, 4,
                    ("--calib-samples", "4", "--seq-len", "64", "--measure-speed", "0"),
                    TransferBudget((TransferSetting("c4", 128), TransferSetting("code", 128)), 2, 64, (0.2,),
                                   calib_seq_len=32, calibrate_extra=("--measure-speed", "0")),
                    policies=PolicyBudget("512", 1, ("niah_single",), 1, (0.2,), ("random", "oracle", "orthogonal+recent=8"),
-                                         longbench_max_length=256)),
+                                         longbench_max_length=256),
+                   router=RouterBudget(4, 32, 1, ("update", "loss"))),
 }
 
 

@@ -127,6 +127,23 @@ def _hybrid_argv(ctx: StudyContext) -> list[list[str]]:
     return cmds
 
 
+ROUTER_POLICIES = "random,oracle"  # the headroom's two ends on the router's own layers and ratio
+
+
+def _router_argv(ctx: StudyContext) -> list[list[str]]:
+    b, r = ctx.budget, ctx.budget.router
+    cmds = []
+    for level in _missing_plans(ctx, "router"):
+        s = sparsity_label(level)
+        cmds.append(["fit-router", *ctx.common, *ctx.data, "--plan", str(ctx.plans_dir / f"orthorank-{s}.json"),
+                     "--out", str(ctx.plans_dir / f"router-{s}.json"), *r.fit_flags()])
+    cmds.append(["compare", *ctx.common, *ctx.data, "--methods", "dense,sleb,orthorank,router", "--sparsity",
+                 ctx.levels(b.levels), "--datasets", ",".join(DOMAINS), "--seq-len", str(b.ppl_seq_len),
+                 "--max-windows", str(b.ppl_windows), "--policies", ROUTER_POLICIES, "--plans-dir", str(ctx.plans_dir),
+                 *ctx.store_args(), "--out", str(ctx.out / "router"), "--overwrite"])
+    return cmds
+
+
 def _top_level_output(folder: str, name: str) -> Callable[[StudyContext], Path]:
     """A per-level stage's last output: the file of the highest claim level (its commands run level by level)."""
     def output(ctx: StudyContext) -> Path:
@@ -156,6 +173,9 @@ STAGES: list[Stage] = [
     Stage("hybrid", "the hybrid frontier (remove / select / keep per layer under this machine's cost table): "
           "perplexity against the prefill speed-up measured side by side",
           lambda ctx: ctx.out / "hybrid" / "compare.json", _hybrid_argv, lambda b: b.hybrid),
+    Stage("router", "the router policy: fitted on calibration text for OrthoRank's layers, against SLEB and the "
+          "paper's rule on every domain at exactly OrthoRank's compute (router FLOPs counted)",
+          lambda ctx: ctx.out / "router" / "compare.json", _router_argv, lambda b: b.router is not None),
     Stage("transfer", "the transfer matrix: every method calibrated on several sources, evaluated on every domain",
           transfer_output, transfer_argv, lambda b: b.transfer is not None, transfer_done, finish=render_matrix,
           after_command=after_command, optional=True),

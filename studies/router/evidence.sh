@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The router's evidence (issue 43), resumable: each step is skipped when its output exists.
+# 1. Routers fitted on the committed plans' layers on calibration text only (32 windows of 512 tokens of the default
+#    mix, a quarter held out to choose target and regularisation), keep ratios set so that compute, router FLOPs
+#    included, equals SLEB's at the same level (router-<s>.json); on Gemma also on the hybrid plans' selection
+#    layers (router-hybrid-<s>.json).
+# 2. compare against SLEB, ShortGPT, Shortened-PPL and the paper's rule on windows 17-48 of every domain (no fit,
+#    search or choice saw them), with the random, update-norm oracle and loss-oracle rows for the headroom.
+# 3. prefill speed of every plan side by side at 1k, 4k and 8k tokens (bench, 5 interleaved repeats).
+#   studies/router/evidence.sh [MODEL ...]     (default: smollm2-135m gemma3-270m)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+O=${O:-.venv/bin/orthorank}
+MODELS=${*:-smollm2-135m gemma3-270m}
+while pgrep -f "orthorank fit-router" > /dev/null; do sleep 15; done  # one fit at a time on 2 cores
+fit() {  # fit MODEL SOURCE-PLAN OUT LEVEL BATCH ITERATIONS
+  local m=$1 src=$2 out=$3 s=$4 bs=$5 it=$6 log=studies/router/$1/fit-$(basename "$3" .json)
+  [ -f "$out" ] && return 0
+  mkdir -p studies/router/$m
+  $O fit-router --model $m --plan "$src" --out "$out.tmp" --overwrite --batch-size $bs --iterations $it --threads 2 \
+    --match-compute-of plans/$m/sleb-$s.json --cost-seq-len 512 > "$log.json" 2> "$log.log"
+  mv "$out.tmp" "$out"
+}
+for m in $MODELS; do
+  # Gemma 3 270M: one recording pass (its 262K-token head makes each pass about 3x SmolLM2's on 2 cores)
+  bs=4 it=2; [ "$m" = gemma3-270m ] && bs=2 it=1
+  for s in 0.2 0.1; do
+    fit $m plans/$m/orthorank-$s.json plans/$m/router-$s.json $s $bs $it
+    if [ "$m" = gemma3-270m ]; then fit $m plans/$m/hybrid-$s.json plans/$m/router-hybrid-$s.json $s $bs $it; fi
+  done
+  methods=sleb,shortgpt,shortened-ppl,orthorank,router; [ "$m" = gemma3-270m ] && methods=$methods,hybrid,router-hybrid
+  d=studies/router/$m/compare
+  if [ ! -f $d/compare.json ]; then
+    $O compare --model $m --methods $methods --sparsity 0.1,0.2 --datasets wikitext2,c4,code,news --seq-len 512 \
+      --skip-windows 16 --max-windows 32 --batch-size $bs --policies random,oracle,loss-oracle --threads 2 \
+      --out $d --overwrite 2> studies/router/$m/compare.log
+  fi
+  for s in 0.1 0.2; do
+    b=studies/router/$m/bench-$s.json
+    [ -f $b ] || $O bench --model $m --methods dense,sleb,orthorank,router --sparsity $s --mode prefill \
+      --seq-len 1024,4096,8192 --repeats 5 --threads 2 --json $b --overwrite 2> studies/router/$m/bench-$s.log
+  done
+done
