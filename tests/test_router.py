@@ -192,3 +192,55 @@ def test_fit_router_refuses_bad_input_before_loading(capsys, tmp_path):
     assert_user_error(capsys, "exists; pass --overwrite", "fit-router", "--plan", str(tmp_path / "o.json"),
                       "--out", str(tmp_path / "r.json"))
     assert (tmp_path / "r.json").read_text() == "mine"
+
+
+@pytest.mark.data
+def test_fit_router_and_a_search_under_the_router_end_to_end(tiny_hf_folder, tmp_path, monkeypatch, capsys):
+    """fit-router on a searched plan (compute re-matched to SLEB's, router FLOPs counted), a router bank for every
+    inner layer, the greedy layer search under it, and compare with the router row against SLEB."""
+    from cli_helpers import run_cli
+
+    monkeypatch.chdir(tmp_path)
+    name = tiny_hf_folder.name
+    common = ["--model", tiny_hf_folder, "--threads", "1"]
+    calib = ["--calib-data", "mix:c4+code", "--calib-tokens", "1K", "--seq-len", "64", "--measure-speed", "0"]
+    for method in ("sleb", "orthorank"):
+        code, out, err = run_cli(capsys, "calibrate", *common, "--method", method, "--sparsity", "0.25", *calib,
+                                 "--out-dir", f"plans/{name}")
+        assert code == 0, err
+    fit = ["--calib-data", "mix:c4+code", "--calib-samples", "8", "--seq-len", "32", "--batch-size", "4"]
+    code, out, err = run_cli(capsys, "fit-router", *common, "--plan", f"plans/{name}/orthorank-0.25.json",
+                             "--out", f"plans/{name}/router-0.25.json", *fit, "--targets", "update,fisher",
+                             "--match-compute-of", f"plans/{name}/sleb-0.25.json", "--cost-seq-len", "64")
+    assert code == 0, err
+    router = Plan.load(f"plans/{name}/router-0.25.json")
+    sleb = Plan.load(f"plans/{name}/sleb-0.25.json")
+    assert router.selection.policy == "router" and router.selection.fitted.target in ("update", "fisher")
+    assert abs(router.compute_sparsity(seq_len=64) - sleb.compute_sparsity(seq_len=64)) < 0.01
+    assert router.provenance["router_fit"]["chosen"]["target"] == router.selection.fitted.target
+    assert router.selection.fitted.calibration["mix"] == ["c4", "code"]
+    # a bank for every inner layer, then the search under it
+    code, out, err = run_cli(capsys, "fit-router", *common, "--plan", f"plans/{name}/orthorank-0.25.json",
+                             "--out", "bank.json", *fit, "--targets", "update", "--layers", "inner")
+    assert code == 0, err
+    assert Plan.load("bank.json").selection.fitted.layer_indices == [1, 2]
+    code, out, err = run_cli(capsys, "calibrate", *common, "--method", "orthorank", "--sparsity", "0.25", *calib,
+                             "--policy", "router", "--router", "bank.json", "--out-dir", "searched")
+    assert code == 0, err
+    searched = Plan.load("searched/orthorank-0.25.json")
+    assert searched.selection.policy == "router" and set(searched.layers) <= {1, 2}
+    code, out, err = run_cli(capsys, "compare", *common, "--methods", "sleb,orthorank,router", "--sparsity", "0.25",
+                             "--datasets", "wikitext2,c4", "--seq-len", "64", "--max-windows", "2",
+                             "--policies", "random,oracle", "--no-store", "--out", "cmp")
+    assert code == 0, err
+    data = json.loads((tmp_path / "cmp" / "compare.json").read_text())
+    pairs = {(c["a"], c["b"]) for c in data["comparisons"]}
+    assert ("router", "sleb") in pairs and ("router", "orthorank") in pairs
+    assert any(h["method"] == "router" for h in data["headroom"])
+
+
+def test_calibrate_refuses_the_router_policy_without_a_bank(capsys, tiny_hf_folder):
+    assert_user_error(capsys, "give --router BANK", "calibrate", "--model", str(tiny_hf_folder), "--method",
+                      "orthorank", "--sparsity", "0.25", "--policy", "router", "--out-dir", "x")
+    assert_user_error(capsys, "add --policy router", "calibrate", "--model", str(tiny_hf_folder), "--method",
+                      "orthorank", "--sparsity", "0.25", "--router", "bank.json", "--out-dir", "x")

@@ -28,6 +28,7 @@ from orthorank.models.loading import check_context
 from orthorank.method.apply import restore_dense
 from orthorank.method.cost import Arch, compute_sparsity, ratio_to_match
 from orthorank.method.plan import DEFAULT_COST_SEQ_LEN, Plan, layers_for_sparsity
+from orthorank.method.selection import SelectionConfig
 from orthorank.method.plan_store import plan_file_method, sparsity_label
 from orthorank.results import check_writable
 
@@ -47,6 +48,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ratios", default=None,
                    help="hybrid: selection ratios the search may use (default: every ratio on the cost table)")
     add_selection_args(p)
+    p.add_argument("--router", default=None, metavar="BANK",
+                   help="with --policy router: a router bank (`orthorank fit-router --layers inner`) covering every "
+                        "candidate layer; the plans found keep it, refit them on their own layers with fit-router")
     p.add_argument("--calib-data", default=DEFAULT_CALIB_DATA,
                    help="calibration text: a domain's held-out part (c4, wikitext2, news, code), mix (equal tokens "
                         "of c4, wikitext2, news and code) or mix:A+B, wikitext2-train (hub), or a text file "
@@ -104,7 +108,7 @@ def run(args) -> int:
     sparsities = parse_sparsities(args.sparsity, search=True)
     if args.output and len(sparsities) > 1:
         raise UserError("-o takes one sparsity; use --out-dir for several")
-    selection = selection_from_args(args)
+    selection = selection_from_args(args, _router_base(args))
     if search.plan_method == "orthorank" and selection.ratio >= 1.0:
         raise UserError("ratio 1.0 skips no work; choose a ratio below 1")
     rules = args.match if search.plan_method == "orthorank" else ["compute"]
@@ -167,9 +171,10 @@ def run(args) -> int:
         sel, matched = selection, None
         if search.plan_method == "orthorank" and rule == "compute":
             target = compute_sparsity(arch, args.cost_seq_len, "prune", layers_for_sparsity(s, L, "prune"))
-            ratio = ratio_to_match(arch, args.cost_seq_len, target, n, selection.ratio)
+            scoring = selection.rule.scoring_flops(arch.hidden)  # a router's FLOPs count
+            ratio = ratio_to_match(arch, args.cost_seq_len, target, n, selection.ratio, scoring=scoring)
             sel = dataclasses.replace(selection, ratio=ratio)
-            got = compute_sparsity(arch, args.cost_seq_len, "orthorank", n, ratio)
+            got = compute_sparsity(arch, args.cost_seq_len, "orthorank", n, ratio, scoring=scoring)
             matched = {"rule": "equal compute", "knob": "one keep ratio for every selection layer, raised from "
                        f"{selection.ratio:g} until the plan skips pruning's compute share",
                        "base_ratio": selection.ratio, "ratio": ratio, "target_compute": round(target, 6),
@@ -213,6 +218,23 @@ def run(args) -> int:
               + f" -> nominal {m['nominal']:.4f}, compute {m['compute']:.4f} at {args.cost_seq_len} tokens"
               + (f", measured prefill speed-up {measured:.3f}x" if measured else "") + f"; wrote {path}")
     return 0
+
+
+def _router_base(args) -> SelectionConfig | None:
+    """--policy router searches under a router bank (`fit-router --layers inner`): its fitted state, or None."""
+    from orthorank.method.policies import FITTED, get_policy
+
+    if args.policy is None or FITTED not in get_policy(args.policy).needs:
+        if args.router:
+            raise UserError("--router gives the router policy's fitted state: add --policy router")
+        return None
+    if not args.router:
+        raise UserError("--policy router searches under fitted routers: give --router BANK (a plan from "
+                        "`orthorank fit-router --layers inner`) whose routers cover every candidate layer")
+    bank = Plan.load(args.router)
+    if bank.selection is None or bank.selection.fitted is None:
+        raise UserError(f"{args.router} holds no fitted router")
+    return SelectionConfig(policy=args.policy, fitted=bank.selection.fitted)
 
 
 def _time_plans(lm, plans: list[Plan], jobs, counts, args, base_ratio: float, say) -> None:

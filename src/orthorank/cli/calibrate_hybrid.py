@@ -139,7 +139,9 @@ def run_hybrid(args) -> int:
         table.check_model(lm.name, lm.signature())
         table.check_device(device_description(lm.device))
     candidates = list(range(1, table.num_layers - 1))  # first and last layer are never touched (as in SLEB)
-    selection = selection_from_args(args)
+    from orthorank.cli.calibrate import _router_base
+
+    selection = selection_from_args(args, _router_base(args))
     calib = calibration_set(lm.tokenizer, args.calib_data, samples, args.seq_len, args.seed, args.data_dir)
     check_context(lm.model, args.seq_len)
     check_memory(lm, args.batch_size, args.seq_len, args.method, loss=True)

@@ -14,7 +14,7 @@ from orthorank.cli.calibration_options import check_calibration_source
 from orthorank.cli.common import add_model_args, check_memory, load_from_args, positive_int
 from orthorank.errors import UserError, comma_items, number_list
 from orthorank.method.cost import Arch, closest_count, compute_sparsity, hybrid_compute_sparsity
-from orthorank.method.plan import REMOVE, Plan
+from orthorank.method.plan import REMOVE, Plan, parse_layers
 from orthorank.method.selection import keep_count
 from orthorank.search.calibration import DEFAULT_CALIB_DATA
 from orthorank.search.router_fit import DEFAULT_ALPHAS, DEFAULT_TARGETS, TARGETS, FitSettings
@@ -59,6 +59,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "at the same level; default: the compute the plan itself skipped)")
     p.add_argument("--cost-seq-len", type=positive_int, default=None,
                    help="sequence length of the compute match (default: the plan's own cost length)")
+    p.add_argument("--layers", default=None, metavar="LIST|inner",
+                   help="fit a router bank for these layers instead of the plan's (inner: every layer but the first "
+                        "and last), recorded on the dense model (ratio 1.0), for `calibrate --policy router --router "
+                        "BANK` to search layers under the router; give one --targets")
     p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
     p.set_defaults(func=run)
 
@@ -112,7 +116,16 @@ def run(args) -> int:
     alphas = tuple(number_list(args.alphas, "--alphas"))
     settings = FitSettings(targets=tuple(targets), alphas=alphas, iterations=args.iterations,
                            fisher_samples=args.fisher_samples, batch_size=args.batch_size, seed=args.seed)
+    if args.layers is not None and len(targets) != 1:
+        raise UserError("--layers fits a router bank on the dense model, where every target gives the dense loss: "
+                        "choose its target with one --targets (e.g. the one fit-router chose for your plan)")
     check_calibration_source(args.calib_data, args.data_dir)
+    if args.layers is not None:
+        L = plan.num_layers
+        layers = list(range(1, L - 1)) if args.layers == "inner" else parse_layers(args.layers, L)
+        plan = dataclasses.replace(plan, method="orthorank", layers=layers, actions=None,
+                                   selection=dataclasses.replace(plan.selection, ratio=1.0))
+        args.keep_ratio = True
     lm = load_from_args(args)
     plan.check_model(lm.name, lm.signature())
     if lm.tokenizer is None:
