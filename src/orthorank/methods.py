@@ -88,6 +88,12 @@ def searched() -> list[str]:
     return names(lambda m: m.search is not None)
 
 
+def saved() -> list[str]:
+    """Methods with saved plans (plans/<model>/<name>-<sparsity>.json): the searched ones and the routers fitted on
+    them; what commands that apply a plan by --method and --sparsity accept."""
+    return names(lambda m: m.layers == "plan" and m.plan_kind != "dense")
+
+
 def get_method(name: str, allowed: list[str] | None = None) -> Method:
     choices = allowed if allowed is not None else list(METHODS)
     if name not in choices:

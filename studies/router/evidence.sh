@@ -13,20 +13,21 @@ cd "$(dirname "$0")/../.."
 O=${O:-.venv/bin/orthorank}
 MODELS=${*:-smollm2-135m gemma3-270m}
 while pgrep -f "orthorank fit-router" > /dev/null; do sleep 15; done  # one fit at a time on 2 cores
-fit() {  # fit MODEL SOURCE-PLAN OUT LEVEL BATCH ITERATIONS
-  local m=$1 src=$2 out=$3 s=$4 bs=$5 it=$6 log=studies/router/$1/fit-$(basename "$3" .json)
+fit() {  # fit MODEL SOURCE-PLAN OUT LEVEL BATCH ITERATIONS DTYPE
+  local m=$1 src=$2 out=$3 s=$4 bs=$5 it=$6 dt=$7 log=studies/router/$1/fit-$(basename "$3" .json)
   [ -f "$out" ] && return 0
   mkdir -p studies/router/$m
-  $O fit-router --model $m --plan "$src" --out "$out.tmp" --overwrite --batch-size $bs --iterations $it --threads 2 \
+  $O fit-router --model $m --plan "$src" --out "$out.tmp" --overwrite --batch-size $bs --iterations $it --dtype $dt --threads 2 \
     --match-compute-of plans/$m/sleb-$s.json --cost-seq-len 512 > "$log.json" 2> "$log.log"
   mv "$out.tmp" "$out"
 }
 for m in $MODELS; do
-  # Gemma 3 270M: one recording pass (its 262K-token head makes each pass about 3x SmolLM2's on 2 cores)
-  bs=4 it=2; [ "$m" = gemma3-270m ] && bs=2 it=1
+  # Gemma 3 270M: one recording pass in bfloat16 (its 262K-token head makes each pass about 3x SmolLM2's on 2
+  # cores); the router it gives is evaluated in float32 like every other row
+  bs=4 it=2 dt=float32; [ "$m" = gemma3-270m ] && bs=2 it=1 dt=bfloat16
   for s in 0.2 0.1; do
-    fit $m plans/$m/orthorank-$s.json plans/$m/router-$s.json $s $bs $it
-    if [ "$m" = gemma3-270m ]; then fit $m plans/$m/hybrid-$s.json plans/$m/router-hybrid-$s.json $s $bs $it; fi
+    fit $m plans/$m/orthorank-$s.json plans/$m/router-$s.json $s $bs $it $dt
+    if [ "$m" = gemma3-270m ]; then fit $m plans/$m/hybrid-$s.json plans/$m/router-hybrid-$s.json $s $bs $it $dt; fi
   done
   methods=sleb,shortgpt,shortened-ppl,orthorank,router; [ "$m" = gemma3-270m ] && methods=$methods,hybrid,router-hybrid
   d=studies/router/$m/compare

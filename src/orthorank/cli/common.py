@@ -14,7 +14,7 @@ from orthorank.method.plan import Plan, parse_layers
 from orthorank.method.plan_store import find_plan
 from orthorank.method.policies import DECODE_MODES, get_policy
 from orthorank.method.selection import CRITERIA, ORDERS, SOURCES, SelectionConfig
-from orthorank.methods import searched
+from orthorank.methods import saved
 from orthorank.models.loading import EMBEDDED_MODEL, LoadedModel, load_model
 
 
@@ -237,7 +237,7 @@ def saved_plan_path(args) -> Path | None:
     if args.method == "dense":
         raise UserError("--method dense takes no --sparsity")
     if args.method == "prune":
-        raise UserError("with --sparsity, name the searched method: " + ", ".join(searched()))
+        raise UserError("with --sparsity, name the searched method: " + ", ".join(saved()))
     return find_plan(expected_model_name(args.model), args.method, args.sparsity)
 
 

@@ -18,7 +18,7 @@ from orthorank.cli.common import (
 )
 from orthorank.errors import UserError
 from orthorank.method.apply import apply_plan, restore_dense
-from orthorank.methods import searched
+from orthorank.methods import saved
 from orthorank.evaluation.generation import generate_rows
 from orthorank.models.loading import check_context
 from orthorank.results import check_writable, write_json
@@ -28,7 +28,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("generate", help="generate text under a plan (streamed; time to first token, tokens/s)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_args(p)
-    add_plan_args(p, methods=("dense", "prune", *searched()), saved=True)
+    add_plan_args(p, methods=("dense", "prune", *saved()), saved=True)
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="one prompt")
     src.add_argument("--file", help="a text file of prompts, one per line; batched with left padding")

@@ -21,14 +21,14 @@ from orthorank.evaluation.longctx import Item, Row, fmt, fmt_diff, grouped, long
 from orthorank.method.plan import Plan
 from orthorank.method.plan_store import find_plan, sparsity_label
 from orthorank.method.policies import DECODE_MODES
-from orthorank.methods import get_method, searched
+from orthorank.methods import get_method, saved
 from orthorank.results import atomic_write_text, check_writable, write_json
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
     add_model_args(p)
     p.add_argument("--methods", default="dense,sleb,orthorank",
-                   help=f"comma-separated, from dense, {', '.join(searched())} (saved plans at --sparsity)")
+                   help=f"comma-separated, from dense, {', '.join(saved())} (saved plans at --sparsity)")
     p.add_argument("--sparsity", type=finite_float, default=0.2)
     p.add_argument("--decode", default=",".join(DECODE_MODES),
                    help="OrthoRank decode policies, one row each (default: all: " + ",".join(DECODE_MODES) + ")")
@@ -83,7 +83,7 @@ def _rows(args, lm) -> list[Row]:
     decodes = _decodes(args)
     rows = []
     for name in methods:
-        method = get_method(name, ["dense", *searched()])
+        method = get_method(name, ["dense", *saved()])
         if method.plan_kind == "dense":
             rows.append(Row("dense", "dense", None, Plan("dense", [], lm.name, lm.signature())))
             continue
@@ -105,7 +105,7 @@ def _rows(args, lm) -> list[Row]:
 def _check_saved_plans(args) -> None:
     """Missing plans and bad --policies or --decode fail before the model loads."""
     for name in (m.strip() for m in args.methods.split(",") if m.strip()):
-        method = get_method(name, ["dense", *searched()])
+        method = get_method(name, ["dense", *saved()])
         if method.plan_kind != "dense":
             _plan_path(args, expected_model_name(args.model), method.plan_label)
     _variants(args)

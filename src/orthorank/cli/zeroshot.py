@@ -14,7 +14,7 @@ from orthorank.cli.common import (
 )
 from orthorank.errors import UserError
 from orthorank.evaluation.zeroshot.registry import ALL_TASKS, MAIN_TASKS, TASKS, resolve_tasks
-from orthorank.methods import searched
+from orthorank.methods import saved
 from orthorank.results import check_writable, write_json
 
 
@@ -29,7 +29,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "offline copies of the tasks read from ../shared/data. Tasks: " + ", ".join(ALL_TASKS)
                     + " (or main = the paper's five, all).")
     add_model_args(p)
-    add_plan_args(p, methods=("dense", "prune", *searched()), saved=True)
+    add_plan_args(p, methods=("dense", "prune", *saved()), saved=True)
     p.add_argument("--tasks", default=",".join(MAIN_TASKS), help="comma-separated harness task names, main, all "
                    f"(default: {','.join(MAIN_TASKS)})")
     p.add_argument("--limit", type=positive_int, default=None, help="evaluate the first N examples of each task")

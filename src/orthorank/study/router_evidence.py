@@ -1,0 +1,132 @@
+"""The router's evidence in one table per model: `python -m orthorank.study.router_evidence DIR [DIR ...] --out
+FILE.md` reads what studies/router/evidence.sh leaves in each DIR (compare/compare.json, fit-*.json, bench-*.json)
+and writes, per model and level, each row's worst-domain ratio against SLEB with its interval and the verdict
+computed from it, the router's share of the oracle's headroom, what fitting cost, and the prefill speed against
+SLEB's measured side by side. Nothing here is typed by hand: every figure is read from a result file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from orthorank.evaluation.stats import resample_indices
+
+ROWS = ("orthorank", "router", "router-hybrid", "hybrid", "orthorank (policy oracle)",
+        "orthorank (policy loss-oracle)", "shortgpt", "shortened-ppl")
+
+
+def _ci(value: float, low: float, high: float) -> str:
+    mark = "**" if (high < 1.0 or low > 1.0) else ""
+    return f"{mark}{value:.3f} [{low:.3f}, {high:.3f}]{mark}"
+
+
+def speed_ratio(bench: dict[str, Any], a: str, b: str, iters: int = 2000) -> dict[int, tuple[float, float, float]]:
+    """seq_len -> median of paired per-repeat throughput ratios a / b (above 1: a is faster) with a bootstrap
+    interval over repeats (the repeats are interleaved, so each pair shares the machine's state)."""
+    out = {}
+    for run in bench.get("runs", []):
+        if run.get("mode") != "prefill":
+            continue
+        by = {m["method"]: m for m in run["methods"]}
+        if a not in by or b not in by:
+            continue
+        ta, tb = np.asarray(by[a]["timing"]["times_s"]), np.asarray(by[b]["timing"]["times_s"])
+        k = min(ta.size, tb.size)
+        ratio = tb[:k] / ta[:k]
+        draws = np.median(ratio[resample_indices(k, iters, 0)], axis=1)
+        lo, hi = np.percentile(draws, [2.5, 97.5])
+        out[int(run["seq_len"])] = (float(np.median(ratio)), float(lo), float(hi))
+    return out
+
+
+def model_section(folder: Path) -> str:
+    cmp_path = folder / "compare" / "compare.json"
+    if not cmp_path.is_file():
+        return f"## {folder.name}\n\nNo comparison yet ({cmp_path} is missing).\n"
+    data = json.loads(cmp_path.read_text())
+    windows = data["windows"]
+    skip = data.get("skip_windows", 0)
+    n = max(windows.values())
+    lines = [f"## {data['model']}", "",
+             f"Perplexity on windows {skip + 1}-{skip + n} of {data['seq_len']} tokens of "
+             f"{', '.join(data['datasets'])} (a slice; no fit, search or choice saw them), {data.get('dtype', '')}. "
+             "Worst-domain ratio against SLEB at the same level: the largest paired ratio over the domains with the "
+             "bootstrap interval of that maximum; ** = the interval excludes 1. Compute sparsity at "
+             f"{data['seq_len']} tokens, router FLOPs counted; the oracles run their layers densely to choose "
+             "(references, never a speed-up).", "",
+             "| level | row | compute sparsity | worst domain | worst-domain ratio vs SLEB [95% CI] | verdict |",
+             "|---|---|---|---|---|---|"]
+    compute = {(r["method"], r["level"]): (r.get("sparsity") or {}).get("compute") for r in data["rows"]}
+    worst = {(w["method"], w["level"]): w for w in data.get("worst_domain", [])}
+    for level in sorted({w["level"] for w in worst.values()}):
+        sleb_c = compute.get(("sleb", level))
+        lines.append(f"| {level:g} | sleb | {sleb_c:.4f} | - | 1 (reference) | - |" if sleb_c is not None else "")
+        for row in ROWS:
+            w = worst.get((row, level))
+            if w is None:
+                continue
+            c = compute.get((row, level))
+            lines.append(f"| {level:g} | {row} | {'-' if c is None else f'{c:.4f}'} | {w['worst_dataset']} | "
+                         f"{_ci(w['ratio'], *w['ci95'])} | {w['verdict']} |")
+    lines = [x for x in lines if x != ""]
+    shares = [h for h in data.get("headroom", []) if h["method"] in ("router", "orthorank")]
+    if shares:
+        lines += ["", "Share of the update-norm oracle's headroom over random selection, (ppl_random - ppl_rule) / "
+                  "(ppl_random - ppl_oracle), on the same windows, per domain [95% paired CI]:", "",
+                  "| level | rule | " + " | ".join(data["datasets"]) + " |", "|---|---|" + "---|" * len(data["datasets"])]
+        for level in sorted({h["level"] for h in shares}):
+            for rule in ("orthorank", "router"):
+                got = {h["dataset"]: h for h in shares if h["method"] == rule and h["level"] == level}
+                if got:
+                    cells = [f"{got[d]['share']:.2f} [{got[d]['ci95'][0]:.2f}, {got[d]['ci95'][1]:.2f}]"
+                             if d in got and got[d]["share"] is not None else "-" for d in data["datasets"]]
+                    lines.append(f"| {level:g} | {'paper' if rule == 'orthorank' else rule} | " + " | ".join(cells)
+                                 + " |")
+    fits = sorted(folder.glob("fit-router*.json"))
+    if fits:
+        lines += ["", "Fits (calibration text only; target and regularisation chosen on held-out calibration "
+                  "windows; held-out calibration NLL of the router against the paper's rule on the same layers):", "",
+                  "| plan | target chosen | held-out NLL router / paper | seconds (2 cores) |", "|---|---|---|---|"]
+        for f in fits:
+            text = f.read_text().strip()
+            if not text:
+                continue
+            r = json.loads(text.splitlines()[-1])
+            nll = r["held_out_nll"]
+            lines.append(f"| {f.stem.replace('fit-', '')} | {r['target']} | {nll['router']:.4f} / "
+                         f"{nll['orthogonal']:.4f} | {r['seconds']:.0f} |")
+    benches = sorted(folder.glob("bench-*.json"))
+    if benches:
+        lines += ["", "Prefill throughput against SLEB's, measured side by side (batch 1, interleaved repeats; "
+                  "median of paired ratios, bootstrap 95% CI; above 1 = faster than SLEB):", "",
+                  "| level | row | " + " | ".join(f"{s} tokens" for s in (1024, 4096, 8192)) + " |", "|---|---|---|---|---|"]
+        for b in benches:
+            bench = json.loads(b.read_text())
+            level = bench.get("sparsity")
+            for row in ("orthorank", "router"):
+                sp = speed_ratio(bench, row, "sleb")
+                cells = [(_ci(*sp[s]).replace("**", "") if s in sp else "-") for s in (1024, 4096, 8192)]
+                lines.append(f"| {level} | {row} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    from orthorank.results import atomic_write_text
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("folders", nargs="+", help="studies/router/<model> folders")
+    p.add_argument("--out", required=True, help="the Markdown file to write")
+    args = p.parse_args(argv)
+    text = "\n".join(model_section(Path(f)) for f in args.folders)
+    atomic_write_text(Path(args.out), text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
