@@ -34,6 +34,8 @@ SECTIONS = [
     ("speed", "Prefill and decode speed", ["*.md"], []),
     ("decode", "Decode policies: continuation perplexity through the KV cache", ["compare.md"], []),
     ("hybrid", "Hybrid frontier", ["compare.md"], ["frontier.png", "compare.png"]),
+    ("router", "The router policy (beyond the paper): fitted on calibration text, against SLEB and the paper's rule",
+     ["compare.md"], ["compare.png"]),
     ("transfer", "Transfer: plans calibrated on one source, evaluated on every domain", ["transfer.md"],
      ["transfer-*.png"]),
     ("policies", "Selection policies: the oracle's headroom and long inputs per rule", ["policies.md"], []),

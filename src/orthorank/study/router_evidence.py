@@ -47,7 +47,7 @@ def speed_ratio(bench: dict[str, Any], a: str, b: str, iters: int = 2000) -> dic
 def model_section(folder: Path) -> str:
     cmp_path = folder / "compare" / "compare.json"
     if not cmp_path.is_file():
-        return f"## {folder.name}\n\nNo comparison yet ({cmp_path} is missing).\n"
+        return f"## {folder.name}\n\nNo comparison yet ({cmp_path} is missing).\n" + _fits_and_speed(folder)
     data = json.loads(cmp_path.read_text())
     windows = data["windows"]
     skip = data.get("skip_windows", 0)
@@ -87,6 +87,11 @@ def model_section(folder: Path) -> str:
                              if d in got and got[d]["share"] is not None else "-" for d in data["datasets"]]
                     lines.append(f"| {level:g} | {'paper' if rule == 'orthorank' else rule} | " + " | ".join(cells)
                                  + " |")
+    return "\n".join(lines) + "\n" + _fits_and_speed(folder)
+
+
+def _fits_and_speed(folder: Path) -> str:
+    lines: list[str] = []
     fits = sorted(folder.glob("fit-router*.json"))
     if fits:
         lines += ["", "Fits (calibration text only; target and regularisation chosen on held-out calibration "
