@@ -244,3 +244,10 @@ def test_calibrate_refuses_the_router_policy_without_a_bank(capsys, tiny_hf_fold
                       "orthorank", "--sparsity", "0.25", "--policy", "router", "--out-dir", "x")
     assert_user_error(capsys, "add --policy router", "calibrate", "--model", str(tiny_hf_folder), "--method",
                       "orthorank", "--sparsity", "0.25", "--router", "bank.json", "--out-dir", "x")
+
+
+@pytest.mark.data  # ppl reads its evaluation text first
+def test_a_broken_plan_file_is_reported_before_the_model_loads(capsys, tmp_path):
+    (tmp_path / "broken.json").write_text("{not json")
+    assert_user_error(capsys, "is not valid JSON", "ppl", "--model", str(tmp_path / "no-such-model"),
+                      "--plan", str(tmp_path / "broken.json"), "--dataset", "wikitext2")

@@ -151,6 +151,9 @@ def setup_torch(args) -> None:
 
 
 def load_from_args(args) -> LoadedModel:
+    plan = getattr(args, "plan", None)
+    if isinstance(plan, (str, Path)) and str(plan):
+        Plan.load(plan)  # a missing or broken plan file is a one-line error before the model loads
     setup_torch(args)
     lm = load_model(args.model, device=args.device, dtype=args.dtype, seed=args.seed,
                     num_layers=getattr(args, "num_layers", None), max_memory=getattr(args, "max_memory", None),
