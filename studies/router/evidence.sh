@@ -4,9 +4,10 @@
 #    mix, a quarter held out to choose target and regularisation), keep ratios set so that compute, router FLOPs
 #    included, equals SLEB's at the same level (router-<s>.json); on Gemma also on the hybrid plans' selection
 #    layers (router-hybrid-<s>.json).
-# 2. compare against SLEB, ShortGPT, Shortened-PPL and the paper's rule on windows 17-48 of every domain (no fit,
-#    search or choice saw them), with the random, update-norm oracle and loss-oracle rows for the headroom.
-# 3. prefill speed of every plan side by side at 1k, 4k and 8k tokens (bench, 5 interleaved repeats).
+# 2. compare against SLEB, ShortGPT, Shortened-PPL and the paper's rule on windows 17-32 of every domain (no fit,
+#    search or choice saw them; bfloat16), with the random, update-norm oracle and loss-oracle rows at 20% for the
+#    headroom.
+# 3. prefill speed of every plan side by side at 1k, 4k and 8k tokens (bench, 5 interleaved repeats, bfloat16).
 #   studies/router/evidence.sh [MODEL ...]     (default: smollm2-135m gemma3-270m)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -33,12 +34,12 @@ for m in $MODELS; do
   d=studies/router/$m/compare
   if [ ! -f $d/compare.json ]; then
     $O compare --model $m --methods $methods --sparsity 0.1,0.2 --datasets wikitext2,c4,code,news --seq-len 512 \
-      --skip-windows 16 --max-windows 32 --batch-size $bs --policies random,oracle,loss-oracle --threads 2 \
-      --out $d --overwrite 2> studies/router/$m/compare.log
+      --skip-windows 16 --max-windows 16 --batch-size $bs --policies random,oracle,loss-oracle --ablation-levels 0.2 \
+      --dtype bfloat16 --threads 2 --out $d --overwrite 2> studies/router/$m/compare.log
   fi
   for s in 0.1 0.2; do
     b=studies/router/$m/bench-$s.json
     [ -f $b ] || $O bench --model $m --methods dense,sleb,orthorank,router --sparsity $s --mode prefill \
-      --seq-len 1024,4096,8192 --repeats 5 --threads 2 --json $b --overwrite 2> studies/router/$m/bench-$s.log
+      --seq-len 1024,4096,8192 --repeats 5 --dtype bfloat16 --threads 2 --json $b --overwrite 2> studies/router/$m/bench-$s.log
   done
 done

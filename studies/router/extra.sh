@@ -14,10 +14,10 @@ for m in smollm2-135m gemma3-270m; do
   z=studies/router/$m/zeroshot
   [ -f $z/compare.json ] || $O compare --model $m --methods dense,sleb,orthorank,router --sparsity 0.2 --no-ppl \
     --seq-len 512 --zeroshot --tasks piqa,winogrande,hellaswag,arc_easy,arc_challenge --limit 100 \
-    --zeroshot-batch-size $bs --threads 2 --out $z --overwrite 2> studies/router/$m/zeroshot.log
+    --zeroshot-batch-size $bs --dtype bfloat16 --threads 2 --out $z --overwrite 2> studies/router/$m/zeroshot.log
   l=studies/router/$m/longctx-0.2
   [ -f $l/longctx.json ] || $O longctx --model $m --methods dense,sleb,orthorank,router --sparsity 0.2 \
-    --lengths 1k --samples 6 --batch-size 6 --threads 2 --out $l --overwrite 2> studies/router/$m/longctx.log
+    --lengths 1k --samples 6 --batch-size 6 --dtype bfloat16 --threads 2 --out $l --overwrite 2> studies/router/$m/longctx.log
 done
 m=smollm2-135m
 for seed in 1 2; do
@@ -29,6 +29,6 @@ for seed in 1 2; do
       && mv $d/plans/router-0.2.json.tmp $d/plans/router-0.2.json; }
   cp -n plans/$m/sleb-0.2.json $d/plans/ 2>/dev/null || true
   [ -f $d/compare/compare.json ] || $O compare --model $m --methods sleb,router --sparsity 0.2 \
-    --datasets wikitext2,c4,code,news --seq-len 512 --skip-windows 16 --max-windows 32 --batch-size 4 \
+    --datasets wikitext2,c4,code,news --seq-len 512 --skip-windows 16 --max-windows 16 --batch-size 4 --dtype bfloat16 \
     --plans-dir $d/plans --threads 2 --out $d/compare --overwrite 2> $d/compare.log
 done

@@ -139,7 +139,8 @@ def _router_argv(ctx: StudyContext) -> list[list[str]]:
                      "--out", str(ctx.plans_dir / f"router-{s}.json"), *r.fit_flags()])
     cmds.append(["compare", *ctx.common, *ctx.data, "--methods", "dense,sleb,orthorank,router", "--sparsity",
                  ctx.levels(b.levels), "--datasets", ",".join(DOMAINS), "--seq-len", str(b.ppl_seq_len),
-                 "--max-windows", str(b.ppl_windows), "--policies", ROUTER_POLICIES, "--plans-dir", str(ctx.plans_dir),
+                 "--max-windows", str(b.ppl_windows), "--policies", ROUTER_POLICIES, "--ablation-levels",
+                 ctx.levels(b.claim_levels), "--plans-dir", str(ctx.plans_dir),
                  *ctx.store_args(), "--out", str(ctx.out / "router"), "--overwrite"])
     return cmds
 
