@@ -251,3 +251,34 @@ def test_a_broken_plan_file_is_reported_before_the_model_loads(capsys, tmp_path)
     (tmp_path / "broken.json").write_text("{not json")
     assert_user_error(capsys, "is not valid JSON", "ppl", "--model", str(tmp_path / "no-such-model"),
                       "--plan", str(tmp_path / "broken.json"), "--dataset", "wikitext2")
+
+
+def test_rematch_sets_keep_ratios_to_another_plans_compute_within_one_token():
+    """fit-router's compute match: an OrthoRank plan's one ratio, a hybrid plan's selection layers shifted by the
+    same kept-token count, each landing within one kept token per layer of the target, router FLOPs counted."""
+    from orthorank.cli.fit_router import rematch
+    from orthorank.method.cost import Arch, hybrid_compute_sparsity, selection_layer_flops
+
+    arch = {"num_layers": 18, "hidden": 640, "heads": 4, "kv_heads": 1, "head_dim": 256, "ffn": 2048,
+            "vocab": 262144}
+    sig = {"model_type": "gemma3_text", "num_layers": 18, "hidden_size": 640, "vocab_size": 262144}
+    prov = {"cost_seq_len": 512}
+    sleb = Plan("prune", [6, 8, 9, 16], "g", sig, arch=arch, provenance=prov)
+    target = sleb.compute_sparsity(seq_len=512)
+    scoring = POLICIES["router"].scoring_flops(640)
+    one_token = selection_layer_flops(Arch(**arch), 512, 101 / 512, scoring) - selection_layer_flops(
+        Arch(**arch), 512, 100 / 512, scoring)
+    per_token_share = one_token / model_flops(Arch(**arch), 512)
+    hybrid = Plan("hybrid", [], "g", sig, selection=SelectionConfig(), arch=arch, provenance=prov,
+                  actions={6: "remove", 7: 0.25, 8: "remove", 9: "remove", 16: 0.5})
+    got = rematch(hybrid, scoring, target, 512)
+    ratios = [a for a in got.actions.values() if a != "remove"]
+    shift = {round(got.actions[i] * 512) - round(hybrid.actions[i] * 512) for i in (7, 16)}
+    assert len(shift) == 1 and got.removed_layers == [6, 8, 9]
+    assert abs(hybrid_compute_sparsity(Arch(**arch), 512, 3, ratios, scoring=scoring) - target) <= per_token_share
+    orth = Plan("orthorank", [4, 6, 7, 8, 9, 14, 16], "g", sig, selection=SelectionConfig(ratio=0.33), arch=arch,
+                provenance=prov)
+    got = rematch(orth, scoring, target, 512)
+    routed = dataclasses.replace(got, selection=dataclasses.replace(got.selection, policy="router",
+                                                                    fitted=random_router(got.layers, 640)))
+    assert abs(routed.compute_sparsity(seq_len=512) - target) <= 7 * per_token_share
