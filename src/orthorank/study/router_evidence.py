@@ -65,7 +65,8 @@ def model_section(folder: Path) -> str:
     worst = {(w["method"], w["level"]): w for w in data.get("worst_domain", [])}
     for level in sorted({w["level"] for w in worst.values()}):
         sleb_c = compute.get(("sleb", level))
-        lines.append(f"| {level:g} | sleb | {sleb_c:.4f} | - | 1 (reference) | - |" if sleb_c is not None else "")
+        if sleb_c is not None:
+            lines.append(f"| {level:g} | sleb | {sleb_c:.4f} | - | 1 (reference) | - |")
         for row in ROWS:
             w = worst.get((row, level))
             if w is None:
@@ -73,7 +74,6 @@ def model_section(folder: Path) -> str:
             c = compute.get((row, level))
             lines.append(f"| {level:g} | {row} | {'-' if c is None else f'{c:.4f}'} | {w['worst_dataset']} | "
                          f"{_ci(w['ratio'], *w['ci95'])} | {w['verdict']} |")
-    lines = [x for x in lines if x != ""]
     shares = [h for h in data.get("headroom", []) if h["method"] in ("router", "orthorank")]
     if shares:
         lines += ["", "Share of the update-norm oracle's headroom over random selection, (ppl_random - ppl_rule) / "
