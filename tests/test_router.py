@@ -282,3 +282,23 @@ def test_rematch_sets_keep_ratios_to_another_plans_compute_within_one_token():
     routed = dataclasses.replace(got, selection=dataclasses.replace(got.selection, policy="router",
                                                                     fitted=random_router(got.layers, 640)))
     assert abs(routed.compute_sparsity(seq_len=512) - target) <= 7 * per_token_share
+
+
+def test_a_killed_fit_resumes_after_its_last_finished_pass(tmp_path):
+    """Each finished recording pass is kept in the store: a two-pass fit after a one-pass fit of the same key
+    resumes the first pass and ends where a fresh two-pass fit ends."""
+    from orthorank.search.router_fit import fit_key
+    from orthorank.store import ResultStore
+
+    m = tiny_model(layers=4)
+    windows = ids_for(batch=8, length=16, seed=7)
+    plan = Plan("orthorank", [1, 2], "tiny", SIG, selection=SelectionConfig(ratio=0.4))
+    one = FitSettings(alphas=(1.0, 100.0), iterations=1, batch_size=4, seed=5)
+    two = dataclasses.replace(one, iterations=2)
+    store = ResultStore(tmp_path / "store")
+    ns = lambda s: store.namespace("router-fit", fit_key("tiny", plan, windows, s))  # noqa: E731
+    fit_router(m, plan, windows, one, {}, checkpoint=ns(one))
+    resumed = fit_router(m, plan, windows, two, {}, checkpoint=ns(two))
+    fresh = fit_router(m, plan, windows, two, {})
+    assert resumed.report["resumed_passes"] == 1 and fresh.report["resumed_passes"] == 0
+    assert resumed.state == fresh.state

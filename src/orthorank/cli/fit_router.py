@@ -11,7 +11,9 @@ import time
 from pathlib import Path
 
 from orthorank.cli.calibration_options import check_calibration_source
-from orthorank.cli.common import add_model_args, check_memory, load_from_args, positive_int
+from orthorank.cli.common import (
+    add_model_args, add_store_args, check_memory, load_from_args, positive_int, store_from_args,
+)
 from orthorank.errors import UserError, comma_items, number_list
 from orthorank.method.cost import Arch, closest_count, compute_sparsity, hybrid_compute_sparsity
 from orthorank.method.plan import REMOVE, Plan, parse_layers
@@ -63,6 +65,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="fit a router bank for these layers instead of the plan's (inner: every layer but the first "
                         "and last), recorded on the dense model (ratio 1.0), for `calibrate --policy router --router "
                         "BANK` to search layers under the router; give one --targets")
+    add_store_args(p)
     p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
     p.set_defaults(func=run)
 
@@ -155,7 +158,15 @@ def run(args) -> int:
     say(f"{len(plan.selection_layers)} selection layers, ratio {', '.join(f'{r:g}' for r in ratios)}; calibration "
         f"{args.calib_samples} x {args.seq_len} tokens of {args.calib_data} (seed {args.seed})")
     t0 = time.perf_counter()
-    result = fit_router(lm.model, base, calib.windows, settings, calib.provenance, log=say)
+    checkpoint = None
+    store = store_from_args(args)
+    if store is not None:  # each finished recording pass is kept: a killed fit resumes after it
+        from orthorank.search.router_fit import fit_key
+        from orthorank.store import model_fingerprint
+
+        checkpoint = store.namespace("router-fit", fit_key(model_fingerprint(lm.model), base, calib.windows,
+                                                           settings))
+    result = fit_router(lm.model, base, calib.windows, settings, calib.provenance, log=say, checkpoint=checkpoint)
     seconds = time.perf_counter() - t0
     routed = dataclasses.replace(
         base, selection=dataclasses.replace(base.selection, policy="router", fitted=result.state),

@@ -243,6 +243,17 @@ def with_router(plan: Plan, state: RouterState) -> Plan:
     return dataclasses.replace(plan, selection=dataclasses.replace(plan.selection, policy="router", fitted=state))
 
 
+def fit_key(model_fingerprint: str, plan: Plan, windows: torch.Tensor, settings: FitSettings) -> dict[str, Any]:
+    """What decides a router fit: the model's weights, the plan (its layers, ratios and rule), the calibration
+    windows and the fit's settings (and the code version, which the store adds)."""
+    from orthorank.search.calibration import windows_digest
+
+    return {"kind": "router-fit", "model": model_fingerprint, "plan": plan.content_hash(),
+            "windows": windows_digest(windows),
+            # not the number of passes: a longer fit goes on from a shorter one's passes, as greedy searches do
+            "settings": {k: v for k, v in dataclasses.asdict(settings).items() if k != "iterations"}}
+
+
 @dataclass
 class FitResult:
     state: RouterState
@@ -250,8 +261,10 @@ class FitResult:
 
 
 def fit_router(model: nn.Module, plan: Plan, windows: torch.Tensor, settings: FitSettings, calibration: dict,
-               log: Callable[[str], None] = lambda s: None) -> FitResult:
-    """Fit the router for `plan`'s selection layers on calibration `windows` [N, T] (see the module docstring)."""
+               log: Callable[[str], None] = lambda s: None, checkpoint: Any = None) -> FitResult:
+    """Fit the router for `plan`'s selection layers on calibration `windows` [N, T] (see the module docstring).
+    checkpoint: a result-store Namespace keyed by everything that decides the fit (`fit_key`); each finished pass
+    is kept there, so a killed fit resumes after its last finished pass."""
     if plan.selection is None or not plan.selection_layers:
         raise UserError(f"a {plan.method} plan selects tokens in no layer: there is no router to fit")
     if windows.shape[0] < 4:
@@ -271,7 +284,20 @@ def fit_router(model: nn.Module, plan: Plan, windows: torch.Tensor, settings: Fi
     log(f"held-out calibration NLL with the paper's rule: {paper_nll:.4f}")
     current, best_state, best_nll, best_choice = base, None, math.inf, None
     targets = settings.targets
+    stored = checkpoint.load() if checkpoint is not None else {}
+    report["resumed_passes"] = 0
     for it in range(settings.iterations):
+        if it in stored:  # a finished pass of an earlier, killed run with the same key
+            kept = stored[it]
+            report["passes"].append(kept["report"])
+            report["resumed_passes"] += 1
+            if kept["best"] is None:
+                break
+            best_state = RouterState.from_dict(kept["best"]["state"])
+            best_nll, best_choice = kept["best"]["nll"], kept["best"]["choice"]
+            current, targets = with_router(plan, best_state), (best_choice["target"],)
+            log(f"pass {it + 1}: resumed from the store (target {best_choice['target']}, held-out NLL {best_nll:.4f})")
+            continue
         t_rec = time.perf_counter()
         # later passes refine the chosen target only (the others lost on held-out windows already)
         rec = record(model, current, windows, dataclasses.replace(settings, targets=targets), log if it == 0 else None)
@@ -299,6 +325,10 @@ def fit_router(model: nn.Module, plan: Plan, windows: torch.Tensor, settings: Fi
                                               "alphas": {k: v["alpha"] for k, v in layer_info.items()}}
         pass_report["fit_seconds"] = round(time.perf_counter() - t_fit, 1)
         report["passes"].append(pass_report)
+        if checkpoint is not None:
+            best = None if best_state is None else {"state": best_state.to_dict(), "nll": best_nll,
+                                                    "choice": best_choice}
+            checkpoint.put({it: {"report": pass_report, "best": best}}, tag=f"pass{it}")
         if best_state is None:
             break
         current, targets = with_router(plan, best_state), (best_choice["target"],)
