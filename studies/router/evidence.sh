@@ -14,23 +14,36 @@ cd "$(dirname "$0")/../.."
 O=${O:-.venv/bin/orthorank}
 MODELS=${*:-smollm2-135m gemma3-270m}
 while pgrep -f "orthorank fit-router" > /dev/null; do sleep 15; done  # one fit at a time on 2 cores
-fit() {  # fit MODEL SOURCE-PLAN OUT LEVEL BATCH ITERATIONS DTYPE
+fit() {  # fit MODEL SOURCE-PLAN OUT LEVEL BATCH ITERATIONS DTYPE [EXTRA FLAGS]
   local m=$1 src=$2 out=$3 s=$4 bs=$5 it=$6 dt=$7 log=studies/router/$1/fit-$(basename "$3" .json)
+  shift 7
   [ -f "$out" ] && return 0
   mkdir -p studies/router/$m
   $O fit-router --model $m --plan "$src" --out "$out.tmp" --overwrite --batch-size $bs --iterations $it --dtype $dt --threads 2 \
-    --match-compute-of plans/$m/sleb-$s.json --cost-seq-len 512 > "$log.json" 2> "$log.log"
+    --match-compute-of plans/$m/sleb-$s.json --cost-seq-len 512 "$@" > "$log.json" 2> "$log.log"
   mv "$out.tmp" "$out"
 }
 for m in $MODELS; do
-  # Gemma 3 270M: one recording pass in bfloat16 (its 262K-token head makes each pass about 3x SmolLM2's on 2
-  # cores); the router it gives is evaluated in float32 like every other row
-  bs=4 it=2 dt=float32; [ "$m" = gemma3-270m ] && bs=2 it=1 dt=bfloat16
-  for s in 0.2 0.1; do
-    fit $m plans/$m/orthorank-$s.json plans/$m/router-$s.json $s $bs $it $dt
-    if [ "$m" = gemma3-270m ]; then fit $m plans/$m/hybrid-$s.json plans/$m/router-hybrid-$s.json $s $bs $it $dt; fi
-  done
-  methods=sleb,shortgpt,shortened-ppl,orthorank,router; [ "$m" = gemma3-270m ] && methods=$methods,hybrid,router-hybrid
+  if [ "$m" = gemma3-270m ]; then
+    # Gemma 3 270M: one recording pass in bfloat16. Its 262K-token head makes every backward pass cost about a
+    # teraFLOP per two windows on 2 cores (about 20 minutes per fit of 32 windows and five targets), so after the
+    # 20% fit on the committed layers (32 windows, every target) the others take 16 windows and the three targets
+    # that need fewer backward passes; the hybrid plan's router at 20% only (the 10% hybrid plan removes no layer).
+    fit $m plans/$m/orthorank-0.2.json plans/$m/router-0.2.json 0.2 2 1 bfloat16
+    fit $m plans/$m/hybrid-0.2.json plans/$m/router-hybrid-0.2.json 0.2 2 1 bfloat16 \
+      --calib-samples 16 --targets update,relative,fisher
+    fit $m plans/$m/orthorank-0.1.json plans/$m/router-0.1.json 0.1 2 1 bfloat16 \
+      --calib-samples 16 --targets update,relative,fisher
+    bs=2
+    d=studies/router/$m/compare-hybrid
+    [ -f $d/compare.json ] || $O compare --model $m --methods sleb,orthorank,hybrid,router-hybrid --sparsity 0.2 \
+      --datasets wikitext2,c4,code,news --seq-len 512 --skip-windows 16 --max-windows 16 --batch-size $bs \
+      --dtype bfloat16 --threads 2 --out $d --overwrite 2> studies/router/$m/compare-hybrid.log
+  else
+    bs=4
+    for s in 0.2 0.1; do fit $m plans/$m/orthorank-$s.json plans/$m/router-$s.json $s $bs 2 float32; done
+  fi
+  methods=sleb,shortgpt,shortened-ppl,orthorank,router
   d=studies/router/$m/compare
   if [ ! -f $d/compare.json ]; then
     $O compare --model $m --methods $methods --sparsity 0.1,0.2 --datasets wikitext2,c4,code,news --seq-len 512 \

@@ -63,6 +63,14 @@ def model_section(folder: Path) -> str:
              "|---|---|---|---|---|---|"]
     compute = {(r["method"], r["level"]): (r.get("sparsity") or {}).get("compute") for r in data["rows"]}
     worst = {(w["method"], w["level"]): w for w in data.get("worst_domain", [])}
+    extra = folder / "compare-hybrid" / "compare.json"  # hybrid plans and their router, on the same windows
+    if extra.is_file():
+        more = json.loads(extra.read_text())
+        if more["windows"] == data["windows"] and more.get("skip_windows") == data.get("skip_windows"):
+            for r in more["rows"]:
+                compute.setdefault((r["method"], r["level"]), (r.get("sparsity") or {}).get("compute"))
+            for w in more.get("worst_domain", []):
+                worst.setdefault((w["method"], w["level"]), w)
     for level in sorted({w["level"] for w in worst.values()}):
         sleb_c = compute.get(("sleb", level))
         if sleb_c is not None:
