@@ -85,7 +85,7 @@ def test_router_selection_equals_a_brute_force_top_k_of_its_scores():
     h = _layer_io(m, 1, ids)
     keep = selective(m.model.layers[1]).last_keep
     x = m.model.layers[1].input_layernorm(h)
-    scores = state.layer(1).score(x, h, x[:, 0], 0)
+    scores = state.layer(1).score(x, h, x[:, 0])
     k = keep_count(21, 0.4)
     for b in range(2):
         order = sorted(range(1, 21), key=lambda t: (-float(scores[b, t]), t))  # the sink ranks last
@@ -151,6 +151,9 @@ def test_the_loss_oracle_ranks_by_the_first_order_loss_effect():
     """Its keys are <dL/dh_i, f(x)_i - x_i> of the dense model (L the window's summed next-token NLL), computed here
     by hand with autograd; it keeps the K most negative, and leaves the model dense afterwards."""
     m = tiny_model(layers=3)
+    with torch.no_grad():  # trained-looking norms: a head that normed twice would give other logits
+        for norm in [m.model.norm] + [l.input_layernorm for l in m.model.layers]:
+            norm.weight.copy_(torch.rand(norm.weight.shape, generator=torch.Generator().manual_seed(1)) * 2 + 0.2)
     ids = ids_for(batch=1, length=12, seed=3)
     h = _layer_io(m, 1, ids).requires_grad_(True)
     kwargs = {}
@@ -302,3 +305,26 @@ def test_a_killed_fit_resumes_after_its_last_finished_pass(tmp_path):
     fresh = fit_router(m, plan, windows, two, {})
     assert resumed.report["resumed_passes"] == 1 and fresh.report["resumed_passes"] == 0
     assert resumed.state == fresh.state
+
+
+def test_router_left_padded_batches_and_cached_generation_equal_single_rows():
+    """The router's position feature counts from each row's sink, so padding and batch-mates change nothing; and
+    cached generation under the threshold decode policy runs with it."""
+    from test_method import _left_pad
+
+    m = tiny_model()
+    state = random_router([1, 2], 64, seed=4)
+    apply_orthorank(m, [1, 2], SelectionConfig(ratio=0.33, policy="router", fitted=state))
+    rows = [ids_for(1, 20, seed=3)[0].tolist(), ids_for(1, 13, seed=4)[0].tolist(), ids_for(1, 7, seed=5)[0].tolist()]
+    ids, mask = _left_pad(rows)
+    pos = (mask.cumsum(1) - 1).clamp_min(0)
+    batched = m(ids, attention_mask=mask, position_ids=pos).logits
+    for i, r in enumerate(rows):
+        single = m(torch.tensor([r])).logits[0]
+        assert torch.allclose(batched[i, -len(r):], single, atol=1e-5), (i, (batched[i, -len(r):] - single).abs().max())
+    apply_orthorank(m, [1, 2], SelectionConfig(ratio=0.33, policy="router", fitted=state, decode="threshold"))
+    prompt = ids_for(1, 12, seed=6)
+    cached = m.generate(prompt, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    uncached = m.generate(prompt, max_new_tokens=6, do_sample=False, pad_token_id=0, use_cache=False)
+    assert cached.shape == uncached.shape
+    restore_dense(m)

@@ -46,7 +46,8 @@ from orthorank.errors import UserError
 # comments or docstrings) is a new code version for that kind. How a model is loaded is not among them: what was
 # loaded is named by the model fingerprint (config, dtypes, attention implementation, sampled weights).
 _MODEL_MODULES = ("method/selection.py", "method/attention.py", "method/attention_split.py", "method/layer.py",
-                  "method/apply.py", "method/policies.py", "models/adapters.py")
+                  "method/apply.py", "method/policies.py", "method/router.py", "method/recording.py",
+                  "models/adapters.py")
 NUMERIC_MODULES = {
     "perplexity": _MODEL_MODULES + ("evaluation/perplexity.py",),
     "zeroshot": _MODEL_MODULES + ("evaluation/zeroshot/scoring.py", "evaluation/zeroshot/convert.py"),
@@ -54,6 +55,7 @@ NUMERIC_MODULES = {
                                  "evaluation/longbench.py"),
     "continuation": _MODEL_MODULES + ("evaluation/continuation.py",),
     "search": _MODEL_MODULES + ("search/layer_search.py", "search/racing.py"),
+    "router-fit": _MODEL_MODULES + ("search/router_fit.py",),
     "hybrid-search": _MODEL_MODULES + ("search/layer_search.py", "search/racing.py", "search/hybrid.py",
                                        "bench/cost_table.py"),
 }

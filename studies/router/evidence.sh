@@ -26,14 +26,13 @@ fit() {  # fit MODEL SOURCE-PLAN OUT LEVEL BATCH ITERATIONS DTYPE [EXTRA FLAGS]
 for m in $MODELS; do
   if [ "$m" = gemma3-270m ]; then
     # Gemma 3 270M: one recording pass in bfloat16. Its 262K-token head makes every backward pass cost about a
-    # teraFLOP per two windows on 2 cores (about 20 minutes per fit of 32 windows and five targets), so after the
-    # 20% fit on the committed layers (32 windows, every target) the others take 16 windows and the three targets
-    # that need fewer backward passes; the hybrid plan's router at 20% only (the 10% hybrid plan removes no layer).
+    # teraFLOP per two windows on 2 cores, so after the 20% fit on the committed layers (32 windows) the others
+    # take 16 windows; the hybrid plan's router at 20% only (the 10% hybrid plan removes no layer).
     fit $m plans/$m/orthorank-0.2.json plans/$m/router-0.2.json 0.2 2 1 bfloat16
     fit $m plans/$m/hybrid-0.2.json plans/$m/router-hybrid-0.2.json 0.2 2 1 bfloat16 \
-      --calib-samples 16 --targets update,relative,fisher
+      --calib-samples 16
     fit $m plans/$m/orthorank-0.1.json plans/$m/router-0.1.json 0.1 2 1 bfloat16 \
-      --calib-samples 16 --targets update,relative,fisher
+      --calib-samples 16
     bs=2
     d=studies/router/$m/compare-hybrid
     [ -f $d/compare.json ] || $O compare --model $m --methods sleb,orthorank,hybrid,router-hybrid --sparsity 0.2 \
@@ -41,7 +40,7 @@ for m in $MODELS; do
       --dtype bfloat16 --threads 2 --out $d --overwrite 2> studies/router/$m/compare-hybrid.log
   else
     bs=4
-    for s in 0.2 0.1; do fit $m plans/$m/orthorank-$s.json plans/$m/router-$s.json $s $bs 2 float32; done
+    for s in 0.2 0.1; do fit $m plans/$m/orthorank-$s.json plans/$m/router-$s.json $s $bs 1 float32; done
   fi
   methods=sleb,shortgpt,shortened-ppl,orthorank,router
   d=studies/router/$m/compare

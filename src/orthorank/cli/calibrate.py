@@ -138,7 +138,7 @@ def run(args) -> int:
     L = lm.num_layers
     arch = Arch.from_config(lm.config, L)
     counts = [search.layer_count(s, L, selection.ratio, "nominal" if rule == "nominal" else "compute", arch,
-                                 args.cost_seq_len) for rule, s in jobs]
+                                 args.cost_seq_len, selection.rule.scoring_flops(arch.hidden)) for rule, s in jobs]
     calib = calibration_set(lm.tokenizer, args.calib_data, samples, args.seq_len, args.seed, args.data_dir)
     check_context(lm.model, args.seq_len)
     check_memory(lm, args.batch_size, args.seq_len, "calibrate", loss=True)

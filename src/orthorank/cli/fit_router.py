@@ -16,7 +16,7 @@ from orthorank.cli.common import (
 )
 from orthorank.errors import UserError, comma_items, number_list
 from orthorank.method.cost import Arch, closest_count, compute_sparsity, hybrid_compute_sparsity
-from orthorank.method.plan import REMOVE, Plan, parse_layers
+from orthorank.method.plan import DEFAULT_COST_SEQ_LEN, REMOVE, Plan, parse_layers
 from orthorank.method.selection import keep_count
 from orthorank.search.calibration import DEFAULT_CALIB_DATA
 from orthorank.search.router_fit import DEFAULT_ALPHAS, DEFAULT_TARGETS, TARGETS, FitSettings
@@ -76,7 +76,7 @@ def rematch(plan: Plan, scoring: float, target: float | None = None, seq_len: in
     closest whole number of kept tokens. An OrthoRank plan's one ratio moves; a hybrid plan's selection layers all
     keep the same number of tokens more (or fewer) than they did, each ratio staying inside (0, 1)."""
     arch = Arch(**plan.arch)
-    seq_len = seq_len or int(plan.provenance.get("cost_seq_len", 512))
+    seq_len = seq_len or int(plan.provenance.get("cost_seq_len", DEFAULT_COST_SEQ_LEN))
     target = plan.compute_sparsity(arch, seq_len) if target is None else target
     if plan.method == "orthorank":
         n = len(plan.layers)
@@ -139,13 +139,15 @@ def run(args) -> int:
     from orthorank.search.router_fit import fit_router
 
     matched = None
+    cost_len = args.cost_seq_len or int(plan.provenance.get("cost_seq_len", DEFAULT_COST_SEQ_LEN))
     if args.match_compute_of:
         other = Plan.load(args.match_compute_of)
         other.check_model(lm.name, lm.signature())
-        matched = {"plan": args.match_compute_of, "compute": other.compute_sparsity(seq_len=args.cost_seq_len)}
+        matched = {"plan": args.match_compute_of, "compute": other.compute_sparsity(seq_len=cost_len),
+                   "seq_len": cost_len}
     if not args.keep_ratio and plan.arch:
         plan = rematch(plan, get_policy("router").scoring_flops(plan.arch["hidden"]),
-                       None if matched is None else matched["compute"], args.cost_seq_len)
+                       None if matched is None else matched["compute"], cost_len)
     selection = plan.selection
     base = dataclasses.replace(plan, selection=dataclasses.replace(selection, policy="orthogonal", fitted=None))
     calib = calibration_set(lm.tokenizer, args.calib_data, args.calib_samples, args.seq_len, args.seed,

@@ -109,7 +109,7 @@ def apply_hybrid(model: nn.Module, removed: list[int], selections: dict[int, Sel
             if PREV_INPUT in selections[i].rule.needs:
                 state["hooks"].append(_keep_previous_input(original, drop, i, sel))
         if any(LOSS_EFFECT in c.rule.needs for c in selections.values()):
-            context.before_forward.append(loss_effect_hook(model, adapter.logits))
+            context.before_forward.append(loss_effect_hook(model, adapter.head_logits))
         state["context"] = context
     if drop:
         kept = [i for i in range(len(original)) if i not in drop]

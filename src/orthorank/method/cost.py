@@ -122,16 +122,17 @@ def nominal_sparsity(num_layers: int, method: str, count: int, ratio: float = 1.
     return share * (1.0 - ratio) if method == "orthorank" else share
 
 
-def selection_layers_to_match(arch: Arch, seq_len: int, target: float, ratio: float) -> int:
+def selection_layers_to_match(arch: Arch, seq_len: int, target: float, ratio: float,
+                              scoring: float | None = None) -> int:
     """The fewest selection layers at `ratio` whose compute sparsity is at least `target`."""
-    saved = layer_flops(arch, seq_len).dense - selection_layer_flops(arch, seq_len, ratio)
+    saved = layer_flops(arch, seq_len).dense - selection_layer_flops(arch, seq_len, ratio, scoring)
     if saved <= 0:
         raise ValueError(f"ratio {ratio} saves no compute at sequence length {seq_len}")
     total = model_flops(arch, seq_len)
     n = max(0, math.ceil(target * total / saved - 1e-9))
-    while n > 0 and compute_sparsity(arch, seq_len, "orthorank", n - 1, ratio) >= target:
+    while n > 0 and compute_sparsity(arch, seq_len, "orthorank", n - 1, ratio, scoring) >= target:
         n -= 1
-    while n <= arch.num_layers and compute_sparsity(arch, seq_len, "orthorank", n, ratio) < target - 1e-12:
+    while n <= arch.num_layers and compute_sparsity(arch, seq_len, "orthorank", n, ratio, scoring) < target - 1e-12:
         n += 1
     return n
 

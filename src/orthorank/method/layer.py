@@ -276,12 +276,18 @@ class SelectiveLayer:
         B, T, _ = h.shape
         facts = self._context.facts(B, T, past, h.device, self.config.ratio)
         self._hidden = h
-        return self._select(h, x, past, facts)
+        try:
+            return self._select(h, x, past, facts)
+        finally:
+            self._hidden = None
 
     def _scores(self, src: torch.Tensor, sink: torch.Tensor, facts: _Facts, B: int, T: int, past: int):
         """The policy's ascending keys [B, T], with the modifiers' always-updated tokens first."""
         cfg, rule = self.config, self.rule
-        inputs = PolicyInputs(src=src, hidden=self._hidden, past=past, criterion=cfg.criterion,
+        # distance from the row's sink: pads before it and the cache's tokens counted right (sink_pos < 0: in cache)
+        positions = (torch.arange(T, device=src.device).view(1, T) - facts.sink_pos.view(-1, 1)
+                     if FITTED in rule.needs else None)
+        inputs = PolicyInputs(src=src, hidden=self._hidden, past=past, positions=positions, criterion=cfg.criterion,
                               sink=sink if SINK in rule.needs else None,
                               random_draw=self._random_draw(facts, B, T, past) if RANDOM in rule.needs else None,
                               given=self._given, fitted=self._fitted)
@@ -351,6 +357,12 @@ class SelectiveLayer:
     # -- forward -------------------------------------------------------------------------------------------------
 
     def __call__(self, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return self._forward(hidden_states, *args, **kwargs)
+        finally:
+            self._hidden = None  # the layer's input is the policy's only while it chooses: not kept past the call
+
+    def _forward(self, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         layer, cfg = self.layer, self.config
         attn = layer.self_attn
         B, T, _ = hidden_states.shape

@@ -33,7 +33,8 @@ DEFAULT_COST_SEQ_LEN = 2048
 
 def layers_for_sparsity(sparsity: float, num_layers: int, method: str, ratio: float = 0.33, *,
                         match: str = "nominal", arch: Arch | None = None,
-                        seq_len: int = DEFAULT_COST_SEQ_LEN, inner_only: bool = True) -> int:
+                        seq_len: int = DEFAULT_COST_SEQ_LEN, inner_only: bool = True,
+                        scoring: float | None = None) -> int:
     """Layers a method changes at a sparsity level. Pruning removes ceil(s * L) layers (as SLEB does). OrthoRank
     selects tokens in round(s * L / (1 - ratio)) layers under match="nominal" (the paper's rule), or in the fewest
     layers whose compute sparsity reaches pruning's under match="compute" (needs `arch`)."""
@@ -50,7 +51,7 @@ def layers_for_sparsity(sparsity: float, num_layers: int, method: str, ratio: fl
     if arch is None:
         raise ValueError("match='compute' needs the model's architecture")
     target = compute_sparsity(arch, seq_len, "prune", removed)
-    n = selection_layers_to_match(arch, seq_len, target, ratio)
+    n = selection_layers_to_match(arch, seq_len, target, ratio, scoring)
     room = num_layers - 2 if inner_only else num_layers  # searches never touch the first and last layer
     if n > room:
         raise UserError(f"sparsity {sparsity:g} needs {n} selection layers at ratio {ratio:g} to match pruning's "
@@ -152,12 +153,14 @@ class Plan:
         arch = arch or (Arch(**self.arch) if self.arch else None)
         if arch is None:
             return None
-        if self.selection is not None and not self.selection.rule.speedup:
-            return 0.0  # a policy that runs its layers densely to choose skips nothing
+        dense_choice = self.selection is not None and not self.selection.rule.speedup
+        if dense_choice and self.method == "orthorank":
+            return 0.0  # a policy that runs its layers densely to choose skips nothing there
         scoring = self.selection.rule.scoring_flops(arch.hidden) if self.selection is not None else None
-        if self.method == "hybrid":
+        if self.method == "hybrid":  # its removed layers still skip everything
             return hybrid_compute_sparsity(arch, seq_len, len(self.removed_layers),
-                                           [c.ratio for c in self.selection_layers.values()], scoring=scoring)
+                                           [1.0 if dense_choice else c.ratio for c in self.selection_layers.values()],
+                                           scoring=scoring)
         return compute_sparsity(arch, seq_len, self.method, len(self.layers), self.ratio, scoring=scoring)
 
     def sparsity(self, arch: Arch | None = None, seq_len: int = DEFAULT_COST_SEQ_LEN,

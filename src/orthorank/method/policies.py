@@ -60,6 +60,7 @@ class PolicyInputs:
     src: torch.Tensor  # [B, T, D] the score input: the normed state (source=normed) or the residual stream (raw)
     hidden: torch.Tensor  # [B, T, D] the residual stream entering the layer
     past: int = 0  # tokens before this chunk (cache length)
+    positions: torch.Tensor | None = None  # [B, T] each token's distance from its row's sink (None: 0..T-1)
     criterion: str = "dot"
     sink: torch.Tensor | None = None  # [B, D] the sink's score input (SINK)
     random_draw: torch.Tensor | None = None  # [B, T] (RANDOM)
@@ -111,7 +112,7 @@ def _largest_given(inp: PolicyInputs) -> torch.Tensor:
 
 
 def _router(inp: PolicyInputs) -> torch.Tensor:
-    return -inp.fitted.score(inp.src, inp.hidden, inp.sink, inp.past)
+    return -inp.fitted.score(inp.src, inp.hidden, inp.sink, inp.positions)
 
 
 POLICIES: dict[str, Policy] = {p.name: p for p in (

@@ -64,12 +64,13 @@ def update_effects(rec: Recorder, loss: torch.Tensor, retain_graph: bool = False
     effects = {}
     for (index, item), g in zip(items, grads):
         update = (item["dense_out"] - item["hidden"]).detach().float()
-        effects[index] = (torch.zeros(update.shape[:2]) if g is None
+        effects[index] = (torch.zeros(update.shape[:2], device=update.device) if g is None
                           else (g.float() * update).sum(-1)).detach()
     return effects
 
 
 def loss_effect_hook(model: nn.Module, logits_of: Any):
+    # logits_of(model, h): the head on the decoder's *output* (already final-normed), e.g. adapter.head_logits
     """A SequenceContext before-forward hook for the loss-oracle policy: before each forward under the plan, one
     dense forward (the plan's removed layers stay removed) and one backward on the input's own next tokens give
     every selection layer's per-token loss effects, handed to the layers as `context.given`."""
@@ -84,9 +85,16 @@ def loss_effect_hook(model: nn.Module, logits_of: Any):
         mask = context.attention_mask
         valid = mask[:, -ids.shape[1]:].bool() if mask is not None else None
         rec = Recorder(select=False)
-        with recording(context, rec), torch.enable_grad():
-            hidden = context.decoder(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
-            loss = next_token_loss(logits_of(model, hidden), ids, valid)
-            context.given = update_effects(rec, loss)
+        saved = (context.attention_mask, context.input_ids, context.record_states)
+        try:
+            with recording(context, rec), torch.enable_grad():
+                hidden = context.decoder(input_ids=ids, attention_mask=mask, position_ids=kwargs.get("position_ids"),
+                                         use_cache=False).last_hidden_state
+                loss = next_token_loss(logits_of(model, hidden), ids, valid)
+                given = update_effects(rec, loss)
+        finally:  # the nested forward's capture must not change what the outer forward's layers read
+            context.attention_mask, context.input_ids, context.record_states = saved
+            context._facts, context._row_hashes = None, None
+        context.given = given
 
     return hook

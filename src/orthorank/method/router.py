@@ -37,8 +37,10 @@ def flops_per_token(hidden: int) -> float:
     return float(2 * hidden * 3 + 2 * (hidden + len(EXTRA_FEATURES)) + 16)
 
 
-def extra_features(src: torch.Tensor, hidden: torch.Tensor, sink: torch.Tensor, past: int = 0) -> torch.Tensor:
-    """[B, T, 6] float32: the sink terms, log norms and log position of every token (EXTRA_FEATURES)."""
+def extra_features(src: torch.Tensor, hidden: torch.Tensor, sink: torch.Tensor,
+                   positions: torch.Tensor | None = None) -> torch.Tensor:
+    """[B, T, 6] float32: the sink terms, log norms and log position of every token (EXTRA_FEATURES). positions:
+    [B, T] each token's distance from its row's sink (default 0..T-1: unpadded, no cache); pads clamp to 0."""
     from orthorank.method.selection import _dot_float32
 
     B, T, _ = src.shape
@@ -47,14 +49,17 @@ def extra_features(src: torch.Tensor, hidden: torch.Tensor, sink: torch.Tensor, 
     norm_h = torch.linalg.vector_norm(hidden, dim=-1, dtype=torch.float32)
     norm_s = torch.linalg.vector_norm(sink, dim=-1, dtype=torch.float32).view(-1, 1)
     cos = dot / (norm_x * norm_s).clamp_min(1e-12)
-    pos = torch.log1p(torch.arange(past, past + T, device=src.device, dtype=torch.float32)).expand(B, T)
+    if positions is None:
+        positions = torch.arange(T, device=src.device).expand(B, T)
+    pos = torch.log1p(positions.to(device=src.device, dtype=torch.float32).clamp_min(0.0))
     return torch.stack([dot, dot.abs(), cos, torch.log(norm_x.clamp_min(1e-12)),
                         torch.log(norm_h.clamp_min(1e-12)), pos], dim=-1)
 
 
-def features(src: torch.Tensor, hidden: torch.Tensor, sink: torch.Tensor, past: int = 0) -> torch.Tensor:
+def features(src: torch.Tensor, hidden: torch.Tensor, sink: torch.Tensor,
+             positions: torch.Tensor | None = None) -> torch.Tensor:
     """[B, T, D + 6] float32: every feature of every token (the fit's design matrix)."""
-    return torch.cat([src.float(), extra_features(src, hidden, sink, past)], dim=-1)
+    return torch.cat([src.float(), extra_features(src, hidden, sink, positions)], dim=-1)
 
 
 def _floats(values: Any, n: int | None, what: str) -> tuple[float, ...]:
@@ -101,15 +106,16 @@ class LayerRouter:
             self._cache[device] = got
         return got
 
-    def score(self, src: torch.Tensor, hidden: torch.Tensor, sink: torch.Tensor, past: int = 0) -> torch.Tensor:
-        """[B, T] float32 scores (higher = update first)."""
+    def score(self, src: torch.Tensor, hidden: torch.Tensor, sink: torch.Tensor,
+              positions: torch.Tensor | None = None) -> torch.Tensor:
+        """[B, T] float32 scores (higher = update first); positions as in extra_features."""
         w_x, w_e, b = self.folded(src.device)
         if w_x.shape[0] != src.shape[-1]:
             raise UserError(f"the router of layer {self.layer} was fitted on hidden size {w_x.shape[0]}, not "
                             f"{src.shape[-1]}")
         B, T, D = src.shape
         main = torch.mv(src.reshape(B * T, D).float(), w_x).view(B, T)
-        return main + extra_features(src, hidden, sink, past) @ w_e + b
+        return main + extra_features(src, hidden, sink, positions) @ w_e + b
 
     def to_dict(self) -> dict[str, Any]:
         return {"weight": list(self.weight), "bias": self.bias, "mean": list(self.mean), "scale": list(self.scale)}

@@ -35,9 +35,10 @@ class SearchMethod:
         return out
 
     def layer_count(self, sparsity: float, num_layers: int, ratio: float, match: str = "compute",
-                    arch: Arch | None = None, seq_len: int = DEFAULT_COST_SEQ_LEN) -> int:
+                    arch: Arch | None = None, seq_len: int = DEFAULT_COST_SEQ_LEN,
+                    scoring: float | None = None) -> int:
         return layers_for_sparsity(sparsity, num_layers, self.plan_method, ratio, match=match, arch=arch,
-                                   seq_len=seq_len)
+                                   seq_len=seq_len, scoring=scoring)
 
 
 def _inner(L: int) -> list[int]:

@@ -123,7 +123,7 @@ def record(model: nn.Module, plan: Plan, windows: torch.Tensor, settings: FitSet
                 hidden = adapter.decoder(model)(input_ids=ids, use_cache=False).last_hidden_state
                 effects: dict[str, dict[int, torch.Tensor]] = {}
                 if need_grad:
-                    logits = adapter.logits(model, hidden)
+                    logits = adapter.head_logits(model, hidden)  # the decoder's output is final-normed
                     if "loss" in settings.targets or "loss-abs" in settings.targets:
                         effects["loss"] = update_effects(rec, next_token_loss(logits, ids), retain_graph=True)
                     if "fisher" in settings.targets:
@@ -136,7 +136,7 @@ def record(model: nn.Module, plan: Plan, windows: torch.Tensor, settings: FitSet
                         effects["fisher"] = acc
             for i, item in sorted(rec.layers.items()):
                 src, h = item["src"].detach(), item["hidden"].detach()
-                parts.setdefault(i, []).append(features(src, h, src[:, 0], 0)[:, 1:].reshape(B * (T - 1), -1).cpu())
+                parts.setdefault(i, []).append(features(src, h, src[:, 0])[:, 1:].reshape(B * (T - 1), -1).cpu())
                 ys = targets.setdefault(i, {})
                 u = (item["dense_out"].detach() - h).float()
                 per_token = {}
@@ -247,8 +247,9 @@ def fit_key(model_fingerprint: str, plan: Plan, windows: torch.Tensor, settings:
     """What decides a router fit: the model's weights, the plan (its layers, ratios and rule), the calibration
     windows and the fit's settings (and the code version, which the store adds)."""
     from orthorank.search.calibration import windows_digest
+    from orthorank.store import code_version
 
-    return {"kind": "router-fit", "model": model_fingerprint, "plan": plan.content_hash(),
+    return {"code": code_version("router-fit"), "model": model_fingerprint, "plan": plan.content_hash(),
             "windows": windows_digest(windows),
             # not the number of passes: a longer fit goes on from a shorter one's passes, as greedy searches do
             "settings": {k: v for k, v in dataclasses.asdict(settings).items() if k != "iterations"}}
@@ -282,7 +283,10 @@ def fit_router(model: nn.Module, plan: Plan, windows: torch.Tensor, settings: Fi
     paper_nll = calibration_nll(model, base, held_set, settings.batch_size)
     report["held_out_nll"] = {"orthogonal": paper_nll}
     log(f"held-out calibration NLL with the paper's rule: {paper_nll:.4f}")
-    current, best_state, best_nll, best_choice = base, None, math.inf, None
+    # best_state: the winner refitted on every window (what is saved); best_train: the same fit on the training
+    # windows only, whose held-out NLL chose it and which selects in the next recording pass (so held-out windows
+    # never shape the router that is judged on them)
+    current, best_state, best_train, best_nll, best_choice = base, None, None, math.inf, None
     targets = settings.targets
     stored = checkpoint.load() if checkpoint is not None else {}
     report["resumed_passes"] = 0
@@ -294,8 +298,9 @@ def fit_router(model: nn.Module, plan: Plan, windows: torch.Tensor, settings: Fi
             if kept["best"] is None:
                 break
             best_state = RouterState.from_dict(kept["best"]["state"])
+            best_train = RouterState.from_dict(kept["best"]["train_state"])
             best_nll, best_choice = kept["best"]["nll"], kept["best"]["choice"]
-            current, targets = with_router(plan, best_state), (best_choice["target"],)
+            current, targets = with_router(plan, best_train), (best_choice["target"],)
             log(f"pass {it + 1}: resumed from the store (target {best_choice['target']}, held-out NLL {best_nll:.4f})")
             continue
         t_rec = time.perf_counter()
@@ -321,17 +326,21 @@ def fit_router(model: nn.Module, plan: Plan, windows: torch.Tensor, settings: Fi
                 # refit the winner on every window with the chosen regularisation per layer
                 full = {i: refit(rec.X[i], rec.Y[i][target], layer_info[str(i)]["alpha"]) for i in rec.X}
                 best_state = router_state(full, target, hidden, {}, {})
+                best_train = state
                 best_nll, best_choice = nll, {"pass": it + 1, "target": target,
                                               "alphas": {k: v["alpha"] for k, v in layer_info.items()}}
         pass_report["fit_seconds"] = round(time.perf_counter() - t_fit, 1)
         report["passes"].append(pass_report)
         if checkpoint is not None:
             best = None if best_state is None else {"state": best_state.to_dict(), "nll": best_nll,
-                                                    "choice": best_choice}
+                                                    "train_state": best_train.to_dict(), "choice": best_choice}
             checkpoint.put({it: {"report": pass_report, "best": best}}, tag=f"pass{it}")
         if best_state is None:
             break
-        current, targets = with_router(plan, best_state), (best_choice["target"],)
+        current, targets = with_router(plan, best_train), (best_choice["target"],)
+    if best_state is None:
+        raise UserError("the router fit found no target with a finite held-out calibration loss; check the model's "
+                        "dtype and the calibration text")
     report["chosen"] = best_choice
     report["held_out_nll"]["router"] = best_nll
     report["seconds"] = round(time.perf_counter() - t0, 1)
