@@ -24,7 +24,7 @@ for seed in 1 2; do
   d=studies/router/$m/seed-$seed
   mkdir -p $d/plans
   [ -f $d/plans/router-0.2.json ] || { $O fit-router --model $m --plan plans/$m/orthorank-0.2.json \
-      --out $d/plans/router-0.2.json.tmp --overwrite --seed $seed --targets fisher --threads 2 \
+      --out $d/plans/router-0.2.json.tmp --overwrite --seed $seed --iterations 1 --threads 2 \
       --match-compute-of plans/$m/sleb-0.2.json --cost-seq-len 512 > $d/fit.json 2> $d/fit.log \
       && mv $d/plans/router-0.2.json.tmp $d/plans/router-0.2.json; }
   cp -n plans/$m/sleb-0.2.json $d/plans/ 2>/dev/null || true
