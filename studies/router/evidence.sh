@@ -4,8 +4,8 @@
 #    mix, a quarter held out to choose target and regularisation), keep ratios set so that compute, router FLOPs
 #    included, equals SLEB's at the same level (router-<s>.json); on Gemma also on the hybrid plans' selection
 #    layers (router-hybrid-<s>.json).
-# 2. compare against SLEB, ShortGPT, Shortened-PPL and the paper's rule on windows 17-32 of every domain (no fit,
-#    search or choice saw them; bfloat16), with the random, update-norm oracle and loss-oracle rows at 20% for the
+# 2. compare against SLEB, ShortGPT, Shortened-PPL and the paper's rule on windows 33-48 of every domain (no fit,
+#    search or choice saw them: windows 17-32 were seen in choosing two recording passes; bfloat16), with the random, update-norm oracle and loss-oracle rows at 20% for the
 #    headroom.
 # 3. prefill speed of every plan side by side at 1k, 4k and 8k tokens (bench, 5 interleaved repeats, bfloat16).
 #   studies/router/evidence.sh [MODEL ...]     (default: smollm2-135m gemma3-270m)
@@ -28,25 +28,25 @@ for m in $MODELS; do
     # Gemma 3 270M: one recording pass in bfloat16. Its 262K-token head makes every backward pass cost about a
     # teraFLOP per two windows on 2 cores, so after the 20% fit on the committed layers (32 windows) the others
     # take 16 windows; the hybrid plan's router at 20% only (the 10% hybrid plan removes no layer).
-    fit $m plans/$m/orthorank-0.2.json plans/$m/router-0.2.json 0.2 2 1 bfloat16
-    fit $m plans/$m/hybrid-0.2.json plans/$m/router-hybrid-0.2.json 0.2 2 1 bfloat16 \
+    fit $m plans/$m/orthorank-0.2.json plans/$m/router-0.2.json 0.2 2 2 bfloat16
+    fit $m plans/$m/hybrid-0.2.json plans/$m/router-hybrid-0.2.json 0.2 2 2 bfloat16 \
       --calib-samples 16
-    fit $m plans/$m/orthorank-0.1.json plans/$m/router-0.1.json 0.1 2 1 bfloat16 \
+    fit $m plans/$m/orthorank-0.1.json plans/$m/router-0.1.json 0.1 2 2 bfloat16 \
       --calib-samples 16
     bs=2
     d=studies/router/$m/compare-hybrid
     [ -f $d/compare.json ] || $O compare --model $m --methods sleb,orthorank,hybrid,router-hybrid --sparsity 0.2 \
-      --datasets wikitext2,c4,code,news --seq-len 512 --skip-windows 16 --max-windows 16 --batch-size $bs \
+      --datasets wikitext2,c4,code,news --seq-len 512 --skip-windows 32 --max-windows 16 --batch-size $bs \
       --dtype bfloat16 --threads 2 --out $d --overwrite 2> studies/router/$m/compare-hybrid.log
   else
     bs=4
-    for s in 0.2 0.1; do fit $m plans/$m/orthorank-$s.json plans/$m/router-$s.json $s $bs 1 float32; done
+    for s in 0.2 0.1; do fit $m plans/$m/orthorank-$s.json plans/$m/router-$s.json $s $bs 2 float32; done
   fi
   methods=sleb,shortgpt,shortened-ppl,orthorank,router
   d=studies/router/$m/compare
   if [ ! -f $d/compare.json ]; then
     $O compare --model $m --methods $methods --sparsity 0.1,0.2 --datasets wikitext2,c4,code,news --seq-len 512 \
-      --skip-windows 16 --max-windows 16 --batch-size $bs --policies random,oracle,loss-oracle --ablation-levels 0.2 \
+      --skip-windows 32 --max-windows 16 --batch-size $bs --policies random,oracle,loss-oracle --ablation-levels 0.2 \
       --dtype bfloat16 --threads 2 --out $d --overwrite 2> studies/router/$m/compare.log
   fi
   for s in 0.1 0.2; do
