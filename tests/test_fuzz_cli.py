@@ -48,6 +48,11 @@ COMMANDS: dict[str, tuple[list[str], dict[str, list[str]]]] = {
         "--sparsity": SPARSITY, "--out-dir": ["{tmp}/p"], "-o": ["{tmp}/p.json"], "--ratio": RATIO,
         "--ratios": ["0.25,0.5", "0", "x"], "--policy": POLICY, "--calib-tokens": ["32", "8K", "0", "x"],
         "--calib-data": ["{text}", "{tmp}/none.txt", "mix:nope", "bogus"], "--screen-fraction": RATIO}),
+    "fit-router": (["--model", "{model}", "--plan", "{plan}", "--out", "{tmp}/r.json", "--calib-data", "{text}",
+                    "--calib-samples", "4", "--seq-len", "16", "--no-store"], {
+        "--plan": ["{plan}", "{tmp}/none.json", "{text}"], "--targets": ["update", "nope", "", "update,fisher"],
+        "--alphas": ["1,10", "0", "x", ""], "--iterations": SMALL, "--layers": ["inner", "1", "x", "9"],
+        "--match-compute-of": ["{plan}", "{tmp}/none.json"], "--calib-samples": SMALL, "--cost-seq-len": SMALL}),
     "compare": (["--model", "{model}", "--out", "{tmp}/c", "--seq-len", "32", "--max-windows", "2", "--no-store"], {
         "--methods": ["dense", "dense,sleb", "bogus", ""], "--sparsity": SPARSITY,
         "--datasets": ["{text}", "{tmp}/none.txt", "bogus"], "--plans-dir": ["{tmp}", "{tmp}/none"],
