@@ -112,6 +112,7 @@ def run(args) -> int:
     if out.parent.exists() and not out.parent.is_dir():
         raise UserError(f"cannot write {out}: {out.parent} is not a folder")
     plan = Plan.load(args.plan)
+    source_hash = plan.content_hash()  # before any re-matching: the plan the router was fitted for
     if plan.method not in ("orthorank", "hybrid"):
         raise UserError(f"{args.plan} is a {plan.method} plan: it selects tokens in no layer, so there is no router "
                         "to fit")
@@ -173,7 +174,7 @@ def run(args) -> int:
     routed = dataclasses.replace(
         base, selection=dataclasses.replace(base.selection, policy="router", fitted=result.state),
         provenance={**{k: v for k, v in plan.provenance.items() if k != "measured"},
-                    "router_of": {"plan": str(args.plan), "content_hash": Plan.load(args.plan).content_hash(),
+                    "router_of": {"plan": str(args.plan), "content_hash": source_hash,
                                   "compute_matched_to": matched},
                     "router_fit": {**result.report, "seconds": round(seconds, 1), "device": str(lm.device),
                                    "dtype": str(next(lm.model.parameters()).dtype).replace("torch.", "")}})
