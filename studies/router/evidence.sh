@@ -31,9 +31,19 @@ for m in $MODELS; do
     fit $m plans/$m/orthorank-0.2.json plans/$m/router-0.2.json 0.2 2 2 bfloat16
     fit $m plans/$m/hybrid-0.2.json plans/$m/router-hybrid-0.2.json 0.2 2 2 bfloat16 \
       --calib-samples 16
-    fit $m plans/$m/orthorank-0.1.json plans/$m/router-0.1.json 0.1 2 2 bfloat16 \
+    fit $m plans/$m/orthorank-0.1.json plans/$m/router-0.1.json 0.1 2 1 bfloat16 \
       --calib-samples 16
     bs=2
+    # 10% in its own folder (the 20% comparison below was run first), with the baselines the 20% one lacked
+    d=studies/router/$m/compare-0.1
+    [ -f $d/compare.json ] || $O compare --model $m --methods sleb,shortgpt,shortened-ppl,orthorank,router,hybrid \
+      --sparsity 0.1 --datasets wikitext2,c4,code,news --seq-len 512 --skip-windows 32 --max-windows 16 --batch-size $bs \
+      --policies random,oracle --ablation-levels 0.1 --dtype bfloat16 --threads 2 --out $d --overwrite \
+      2> studies/router/$m/compare-0.1.log
+    d=studies/router/$m/compare-baselines-0.2
+    [ -f $d/compare.json ] || $O compare --model $m --methods sleb,shortgpt,shortened-ppl --sparsity 0.2 \
+      --datasets wikitext2,c4,code,news --seq-len 512 --skip-windows 32 --max-windows 16 --batch-size $bs \
+      --dtype bfloat16 --threads 2 --out $d --overwrite 2> studies/router/$m/compare-baselines-0.2.log
     d=studies/router/$m/compare-hybrid
     [ -f $d/compare.json ] || $O compare --model $m --methods sleb,orthorank,hybrid,router-hybrid --sparsity 0.2 \
       --datasets wikitext2,c4,code,news --seq-len 512 --skip-windows 32 --max-windows 16 --batch-size $bs \
@@ -42,10 +52,11 @@ for m in $MODELS; do
     bs=4
     for s in 0.2 0.1; do fit $m plans/$m/orthorank-$s.json plans/$m/router-$s.json $s $bs 2 float32; done
   fi
-  methods=sleb,shortgpt,shortened-ppl,orthorank,router
+  methods=sleb,shortgpt,shortened-ppl,orthorank,router levels=0.1,0.2
+  [ "$m" = gemma3-270m ] && methods=sleb,orthorank,router levels=0.2  # as it was run; 10% and baselines above
   d=studies/router/$m/compare
   if [ ! -f $d/compare.json ]; then
-    $O compare --model $m --methods $methods --sparsity 0.1,0.2 --datasets wikitext2,c4,code,news --seq-len 512 \
+    $O compare --model $m --methods $methods --sparsity $levels --datasets wikitext2,c4,code,news --seq-len 512 \
       --skip-windows 32 --max-windows 16 --batch-size $bs --policies random,oracle,loss-oracle --ablation-levels 0.2 \
       --dtype bfloat16 --threads 2 --out $d --overwrite 2> studies/router/$m/compare.log
   fi
@@ -53,7 +64,9 @@ for m in $MODELS; do
   [ "$m" = gemma3-270m ] && [ "${BENCH_GEMMA:-0}" != 1 ] && continue
   for s in 0.1 0.2; do
     b=studies/router/$m/bench-$s.json
-    [ -f $b ] || $O bench --model $m --methods dense,sleb,orthorank,router --sparsity $s --mode prefill \
+    rows=dense,sleb,orthorank,router
+    [ -f plans/$m/router-hybrid-$s.json ] && rows=$rows,hybrid,router-hybrid
+    [ -f $b ] || $O bench --model $m --methods $rows --sparsity $s --mode prefill \
       --seq-len 1024,4096,8192 --repeats 5 --dtype bfloat16 --threads 2 --json $b --overwrite 2> studies/router/$m/bench-$s.log
   done
 done

@@ -63,14 +63,18 @@ def model_section(folder: Path) -> str:
              "|---|---|---|---|---|---|"]
     compute = {(r["method"], r["level"]): (r.get("sparsity") or {}).get("compute") for r in data["rows"]}
     worst = {(w["method"], w["level"]): w for w in data.get("worst_domain", [])}
-    extra = folder / "compare-hybrid" / "compare.json"  # hybrid plans and their router, on the same windows
-    if extra.is_file():
+    headroom = list(data.get("headroom", []))
+    # comparisons run after the first one (the hybrid plans and their router, another level, more baselines), on
+    # the same windows; rows already read win, so a repeated SLEB row is the first run's (the same numbers)
+    for extra in sorted(folder.glob("compare-*/compare.json")):
         more = json.loads(extra.read_text())
         if more["windows"] == data["windows"] and more.get("skip_windows") == data.get("skip_windows"):
             for r in more["rows"]:
                 compute.setdefault((r["method"], r["level"]), (r.get("sparsity") or {}).get("compute"))
             for w in more.get("worst_domain", []):
                 worst.setdefault((w["method"], w["level"]), w)
+            seen = {(h["method"], h["level"]) for h in headroom}
+            headroom += [h for h in more.get("headroom", []) if (h["method"], h["level"]) not in seen]
     for level in sorted({w["level"] for w in worst.values()}):
         sleb_c = compute.get(("sleb", level))
         if sleb_c is not None:
@@ -82,7 +86,7 @@ def model_section(folder: Path) -> str:
             c = compute.get((row, level))
             lines.append(f"| {level:g} | {row} | {'-' if c is None else f'{c:.4f}'} | {w['worst_dataset']} | "
                          f"{_ci(w['ratio'], *w['ci95'])} | {w['verdict']} |")
-    shares = [h for h in data.get("headroom", []) if h["method"] in ("router", "orthorank")]
+    shares = [h for h in headroom if h["method"] in ("router", "orthorank")]
     if shares:
         lines += ["", "Share of the update-norm oracle's headroom over random selection, (ppl_random - ppl_rule) / "
                   "(ppl_random - ppl_oracle), on the same windows, per domain [95% paired CI]:", "",
