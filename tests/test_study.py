@@ -356,3 +356,29 @@ def test_study_costs_sum_the_stage_seconds_and_each_search_once(tmp_path):
     text = out.read_text()
     assert "resumed across sessions, only its last run timed; 900 move evaluations) | >= 1000 |" in text
     assert "| **searches** | **>= 1150** |" in text
+
+
+def test_router_stage_routes_a_hybrid_plan_that_removes_layers_at_sleb_compute(tmp_path):
+    """Where a hybrid plan removes layers and selects in others, the router stage fits a second router on its
+    selection layers (matched to SLEB's compute) and compares it; a hybrid plan that only selects gets none."""
+    from orthorank.study.budgets import get_budget
+    from orthorank.study.context import StudyContext
+    from orthorank.study.stages import _router_argv, _router_output
+
+    ctx = StudyContext("gemma3-270m", "gemma3-270m", tmp_path / "study", get_budget("standard"), [], [], None,
+                       tmp_path)
+    ctx.plans_dir.mkdir(parents=True)
+    for name in ("hybrid-0.1.json", "hybrid-0.2.json"):  # 0.1 selects only, 0.2 removes layers too
+        shutil.copy(Path(__file__).resolve().parents[1] / "plans" / "gemma3-270m" / name, ctx.plans_dir / name)
+    argv = _router_argv(ctx)
+    fits = [a for a in argv if a[0] == "fit-router"]
+    hybrid_fits = [a for a in fits if "router-hybrid" in a[a.index("--out") + 1]]
+    assert len(hybrid_fits) == 1 and hybrid_fits[0][hybrid_fits[0].index("--out") + 1].endswith("router-hybrid-0.2.json")
+    assert hybrid_fits[0][hybrid_fits[0].index("--match-compute-of") + 1].endswith("sleb-0.2.json")
+    last = argv[-1]
+    assert last[0] == "compare" and last[last.index("--methods") + 1] == "sleb,hybrid,router-hybrid"
+    assert last[last.index("--sparsity") + 1] == "0.2"
+    assert _router_output(ctx) == ctx.out / "router" / "hybrid" / "compare.json"
+    (ctx.plans_dir / "hybrid-0.2.json").unlink()
+    assert not any("router-hybrid" in " ".join(a) for a in _router_argv(ctx))
+    assert _router_output(ctx) == ctx.out / "router" / "compare.json"

@@ -36,6 +36,8 @@ SECTIONS = [
     ("hybrid", "Hybrid frontier", ["compare.md"], ["frontier.png", "compare.png"]),
     ("router", "The router policy (beyond the paper): fitted on calibration text, against SLEB and the paper's rule",
      ["compare.md"], ["compare.png"]),
+    ("router/hybrid", "The router on the hybrid plans' selection layers, against SLEB at the same compute",
+     ["compare.md"], []),
     ("transfer", "Transfer: plans calibrated on one source, evaluated on every domain", ["transfer.md"],
      ["transfer-*.png"]),
     ("policies", "Selection policies: the oracle's headroom and long inputs per rule", ["policies.md"], []),

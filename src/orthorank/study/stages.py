@@ -130,6 +130,22 @@ def _hybrid_argv(ctx: StudyContext) -> list[list[str]]:
 ROUTER_POLICIES = "random,oracle"  # the headroom's two ends on the router's own layers and ratio
 
 
+def _hybrid_levels_with_removals(ctx: StudyContext) -> list[float]:
+    """Levels whose hybrid plan both removes layers and selects in others: there the router gets a second plan, the
+    hybrid plan's layers (on Gemma 3 270M at 20% the paper's rule's own layers lose to SLEB whatever the rule, while
+    the hybrid plan's selection layers, routed, win)."""
+    from orthorank.method.plan import Plan
+
+    out = []
+    for level in ctx.budget.levels:
+        path = ctx.plans_dir / f"hybrid-{sparsity_label(level)}.json"
+        if path.is_file():
+            plan = Plan.load(path)
+            if plan.removed_layers and plan.selection_layers:
+                out.append(level)
+    return out
+
+
 def _router_argv(ctx: StudyContext) -> list[list[str]]:
     b, r = ctx.budget, ctx.budget.router
     cmds = []
@@ -137,12 +153,33 @@ def _router_argv(ctx: StudyContext) -> list[list[str]]:
         s = sparsity_label(level)
         cmds.append(["fit-router", *ctx.common, *ctx.data, "--plan", str(ctx.plans_dir / f"orthorank-{s}.json"),
                      "--out", str(ctx.plans_dir / f"router-{s}.json"), *r.fit_flags()])
+    hybrid_levels = _hybrid_levels_with_removals(ctx) if b.hybrid else []
+    for level in hybrid_levels:
+        s = sparsity_label(level)
+        if not (ctx.plans_dir / f"router-hybrid-{s}.json").is_file():
+            # the hybrid plan was matched to a measured speed-up; its router plan skips exactly SLEB's compute
+            cmds.append(["fit-router", *ctx.common, *ctx.data, "--plan", str(ctx.plans_dir / f"hybrid-{s}.json"),
+                         "--out", str(ctx.plans_dir / f"router-hybrid-{s}.json"), "--match-compute-of",
+                         str(ctx.plans_dir / f"sleb-{s}.json"), "--cost-seq-len", str(b.ppl_seq_len),
+                         *r.fit_flags()])
     cmds.append(["compare", *ctx.common, *ctx.data, "--methods", "dense,sleb,orthorank,router", "--sparsity",
                  ctx.levels(b.levels), "--datasets", ",".join(DOMAINS), "--seq-len", str(b.ppl_seq_len),
                  "--max-windows", str(b.ppl_windows), "--policies", ROUTER_POLICIES, "--ablation-levels",
                  ctx.levels(b.claim_levels), "--plans-dir", str(ctx.plans_dir),
                  *ctx.store_args(), "--out", str(ctx.out / "router"), "--overwrite"])
+    if hybrid_levels:
+        cmds.append(["compare", *ctx.common, *ctx.data, "--methods", "sleb,hybrid,router-hybrid", "--sparsity",
+                     ctx.levels(tuple(hybrid_levels)), "--datasets", ",".join(DOMAINS), "--seq-len",
+                     str(b.ppl_seq_len), "--max-windows", str(b.ppl_windows), "--plans-dir", str(ctx.plans_dir),
+                     *ctx.store_args(), "--out", str(ctx.out / "router" / "hybrid"), "--overwrite"])
     return cmds
+
+
+def _router_output(ctx: StudyContext) -> Path:
+    """The last comparison the router stage runs (the hybrid plans' one where a hybrid plan removes layers)."""
+    if ctx.budget.hybrid and _hybrid_levels_with_removals(ctx):
+        return ctx.out / "router" / "hybrid" / "compare.json"
+    return ctx.out / "router" / "compare.json"
 
 
 def _top_level_output(folder: str, name: str) -> Callable[[StudyContext], Path]:
@@ -174,9 +211,10 @@ STAGES: list[Stage] = [
     Stage("hybrid", "the hybrid frontier (remove / select / keep per layer under this machine's cost table): "
           "perplexity against the prefill speed-up measured side by side",
           lambda ctx: ctx.out / "hybrid" / "compare.json", _hybrid_argv, lambda b: b.hybrid),
-    Stage("router", "the router policy: fitted on calibration text for OrthoRank's layers, against SLEB and the "
-          "paper's rule on every domain at exactly OrthoRank's compute (router FLOPs counted)",
-          lambda ctx: ctx.out / "router" / "compare.json", _router_argv, lambda b: b.router is not None),
+    Stage("router", "the router policy: fitted on calibration text for OrthoRank's layers (and for a hybrid plan's "
+          "selection layers where it removes layers too), against SLEB and the paper's rule on every domain at "
+          "exactly SLEB's compute (router FLOPs counted)",
+          _router_output, _router_argv, lambda b: b.router is not None),
     Stage("transfer", "the transfer matrix: every method calibrated on several sources, evaluated on every domain",
           transfer_output, transfer_argv, lambda b: b.transfer is not None, transfer_done, finish=render_matrix,
           after_command=after_command, optional=True),
