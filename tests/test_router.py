@@ -214,7 +214,8 @@ def test_fit_router_and_a_search_under_the_router_end_to_end(tiny_hf_folder, tmp
     fit = ["--calib-data", "mix:c4+code", "--calib-samples", "8", "--seq-len", "32", "--batch-size", "4"]
     code, out, err = run_cli(capsys, "fit-router", *common, "--plan", f"plans/{name}/orthorank-0.25.json",
                              "--out", f"plans/{name}/router-0.25.json", *fit, "--targets", "update,fisher",
-                             "--match-compute-of", f"plans/{name}/sleb-0.25.json", "--cost-seq-len", "64")
+                             "--match-compute-of", f"plans/{name}/sleb-0.25.json", "--cost-seq-len", "64",
+                             "--always-route")
     assert code == 0, err
     router = Plan.load(f"plans/{name}/router-0.25.json")
     sleb = Plan.load(f"plans/{name}/sleb-0.25.json")
@@ -222,6 +223,18 @@ def test_fit_router_and_a_search_under_the_router_end_to_end(tiny_hf_folder, tmp
     assert abs(router.compute_sparsity(seq_len=64) - sleb.compute_sparsity(seq_len=64)) < 0.01
     assert router.provenance["router_fit"]["chosen"]["target"] == router.selection.fitted.target
     assert router.selection.fitted.calibration["mix"] == ["c4", "code"]
+    # without --always-route the plan keeps the router only where it beat the paper's rule on held-out windows
+    code, out, err = run_cli(capsys, "fit-router", *common, "--plan", f"plans/{name}/orthorank-0.25.json",
+                             "--out", "default.json", *fit, "--targets", "update,fisher",
+                             "--match-compute-of", f"plans/{name}/sleb-0.25.json", "--cost-seq-len", "64")
+    assert code == 0, err
+    result, default = json.loads(out.strip().splitlines()[-1]), Plan.load("default.json")
+    nll = result["held_out_nll"]
+    assert nll == router.provenance["router_fit"]["held_out_nll"]  # the same fit
+    wins = nll["router"] < nll["orthogonal"]
+    assert default.selection.policy == result["kept"] == ("router" if wins else "orthogonal")
+    assert (default.selection.fitted is None) != wins and ("no router beat" in err) != wins
+    assert abs(default.compute_sparsity(seq_len=64) - sleb.compute_sparsity(seq_len=64)) < 0.01
     # a bank for every inner layer, then the search under it
     code, out, err = run_cli(capsys, "fit-router", *common, "--plan", f"plans/{name}/orthorank-0.25.json",
                              "--out", "bank.json", *fit, "--targets", "update", "--layers", "inner")
@@ -328,3 +341,46 @@ def test_router_left_padded_batches_and_cached_generation_equal_single_rows():
     uncached = m.generate(prompt, max_new_tokens=6, do_sample=False, pad_token_id=0, use_cache=False)
     assert cached.shape == uncached.shape
     restore_dense(m)
+
+
+def test_fit_router_keeps_the_paper_rule_when_no_router_beats_it(tiny_hf_folder, tmp_path, monkeypatch, capsys):
+    """A fit whose best router loses to the paper's rule on the held-out calibration windows writes the paper's rule,
+    re-matched with its own scoring cost to the same compute, and says so; --always-route writes the router."""
+    from cli_helpers import run_cli
+
+    import orthorank.search.router_fit as router_fit
+    from orthorank.method.router import constant_router
+
+    monkeypatch.chdir(tmp_path)
+    name = tiny_hf_folder.name
+    common = ["--model", tiny_hf_folder, "--threads", "1"]
+    calib = ["--calib-data", "mix:c4+code", "--calib-tokens", "1K", "--seq-len", "64", "--measure-speed", "0"]
+    for method in ("sleb", "orthorank"):
+        code, out, err = run_cli(capsys, "calibrate", *common, "--method", method, "--sparsity", "0.25", *calib,
+                                 "--out-dir", f"plans/{name}")
+        assert code == 0, err
+
+    def losing_fit(model, plan, windows, settings, calibration, log=None, checkpoint=None):
+        state = constant_router(plan.layers, int(model.config.hidden_size))
+        return router_fit.FitResult(state, {"held_out_nll": {"orthogonal": 3.0, "router": 3.5}, "passes": [],
+                                            "chosen": {"pass": 1, "target": "update"}})
+
+    monkeypatch.setattr(router_fit, "fit_router", losing_fit)
+    fit = ["--calib-data", "mix:c4+code", "--calib-samples", "8", "--seq-len", "32", "--no-store",
+           "--match-compute-of", f"plans/{name}/sleb-0.25.json", "--cost-seq-len", "64"]
+    sleb = Plan.load(f"plans/{name}/sleb-0.25.json")
+    code, out, err = run_cli(capsys, "fit-router", *common, "--plan", f"plans/{name}/orthorank-0.25.json",
+                             "--out", "kept.json", *fit)
+    assert code == 0, err
+    kept = Plan.load("kept.json")
+    assert kept.selection.policy == "orthogonal" and kept.selection.fitted is None
+    assert kept.provenance["router_fit"]["kept"] == "orthogonal" and "no router beat the paper's rule" in err
+    assert json.loads(out.strip().splitlines()[-1])["kept"] == "orthogonal"
+    assert abs(kept.compute_sparsity(seq_len=64) - sleb.compute_sparsity(seq_len=64)) < 0.01
+    code, out, err = run_cli(capsys, "fit-router", *common, "--plan", f"plans/{name}/orthorank-0.25.json",
+                             "--out", "routed.json", *fit, "--always-route")
+    assert code == 0, err
+    routed = Plan.load("routed.json")
+    assert routed.selection.policy == "router" and routed.provenance["router_fit"]["kept"] == "router"
+    # the router pays more to score, so it keeps fewer tokens for the same compute
+    assert routed.selection.ratio <= kept.selection.ratio

@@ -65,6 +65,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="fit a router bank for these layers instead of the plan's (inner: every layer but the first "
                         "and last), recorded on the dense model (ratio 1.0), for `calibrate --policy router --router "
                         "BANK` to search layers under the router; give one --targets")
+    p.add_argument("--always-route", action="store_true",
+                   help="write the router plan even when no router beat the paper's rule on the held-out calibration "
+                        "windows (default: the plan then keeps the paper's rule, re-matched to the same compute)")
     add_store_args(p)
     p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
     p.set_defaults(func=run)
@@ -146,6 +149,7 @@ def run(args) -> int:
         other.check_model(lm.name, lm.signature())
         matched = {"plan": args.match_compute_of, "compute": other.compute_sparsity(seq_len=cost_len),
                    "seq_len": cost_len}
+    source = plan
     if not args.keep_ratio and plan.arch:
         plan = rematch(plan, get_policy("router").scoring_flops(plan.arch["hidden"]),
                        None if matched is None else matched["compute"], cost_len)
@@ -171,21 +175,38 @@ def run(args) -> int:
                                                            settings))
     result = fit_router(lm.model, base, calib.windows, settings, calib.provenance, log=say, checkpoint=checkpoint)
     seconds = time.perf_counter() - t0
+    nll = result.report["held_out_nll"]
+    # a router that does not beat the paper's rule where it was chosen is not handed out by default: the plan keeps
+    # the paper's rule (its cheaper scoring re-matched to the same compute), and says so
+    keep_paper = (nll["router"] >= nll["orthogonal"] and not args.always_route and args.layers is None)
+    if keep_paper:
+        kept = dataclasses.replace(source, selection=dataclasses.replace(source.selection, policy="orthogonal",
+                                                                         fitted=None))
+        if not args.keep_ratio and kept.arch:
+            kept = rematch(kept, get_policy("orthogonal").scoring_flops(kept.arch["hidden"]),
+                           None if matched is None else matched["compute"], cost_len)
+        selection = kept.selection
+    else:
+        kept = base
+        selection = dataclasses.replace(base.selection, policy="router", fitted=result.state)
     routed = dataclasses.replace(
-        base, selection=dataclasses.replace(base.selection, policy="router", fitted=result.state),
+        kept, selection=selection,
         provenance={**{k: v for k, v in plan.provenance.items() if k != "measured"},
                     "router_of": {"plan": str(args.plan), "content_hash": source_hash,
                                   "compute_matched_to": matched},
                     "router_fit": {**result.report, "seconds": round(seconds, 1), "device": str(lm.device),
-                                   "dtype": str(next(lm.model.parameters()).dtype).replace("torch.", "")}})
+                                   "dtype": str(next(lm.model.parameters()).dtype).replace("torch.", ""),
+                                   "kept": "orthogonal" if keep_paper else "router"}})
     if plan.provenance.get("search"):
         routed.provenance["search"] = f"{plan.provenance['search']}+router"
     out.parent.mkdir(parents=True, exist_ok=True)
     routed.save(out, overwrite=args.overwrite)
     chosen = result.report.get("chosen") or {}
-    nll = result.report["held_out_nll"]
     say(f"chose target {chosen.get('target')} (pass {chosen.get('pass')}): held-out calibration NLL "
         f"{nll['router']:.4f} against the paper's rule's {nll['orthogonal']:.4f}; fitted in {seconds:.0f} s")
+    if keep_paper:
+        say(f"no router beat the paper's rule on the held-out calibration windows: {out} keeps the paper's rule "
+            f"(keep ratio {routed.selection.ratio:g}); pass --always-route to write the router anyway")
     print(json.dumps({"plan": str(out), "target": chosen.get("target"), "held_out_nll": nll,
-                      "ratio": routed.selection.ratio, "seconds": round(seconds, 1)}))
+                      "kept": routed.selection.policy, "ratio": routed.selection.ratio, "seconds": round(seconds, 1)}))
     return 0

@@ -108,8 +108,8 @@ def _fits_and_speed(folder: Path) -> str:
     if fits:
         lines += ["", "Fits (calibration text only; target and regularisation chosen on held-out calibration "
                   "windows; held-out calibration NLL of the router against the paper's rule on the same layers):", "",
-                  "| plan | target chosen | held-out NLL router / paper | passes | recording + fitting seconds, all passes (2 cores) |",
-                  "|---|---|---|---|---|"]
+                  "| plan | target chosen | held-out NLL router / paper | plan keeps | passes | recording + fitting seconds, all passes (2 cores) |",
+                  "|---|---|---|---|---|---|"]
         for f in fits:
             text = f.read_text().strip()
             if not text:
@@ -117,14 +117,17 @@ def _fits_and_speed(folder: Path) -> str:
             r = json.loads(text.splitlines()[-1])
             nll = r["held_out_nll"]
             passes, seconds = "-", r["seconds"]
+            keeps = r.get("kept", "router")
             plan_file = Path(str(r["plan"]).removesuffix(".tmp"))
             if plan_file.is_file():  # a resumed fit's own seconds leave out the passes it took from the store
                 fit = json.loads(plan_file.read_text())["provenance"].get("router_fit", {})
                 runs = fit.get("passes", [])
                 passes = str(len(runs))
                 seconds = sum(p.get("record_seconds", 0) + p.get("fit_seconds", 0) for p in runs)
+                keeps = fit.get("kept", keeps)
             lines.append(f"| {f.stem.replace('fit-', '')} | {r['target']} | {nll['router']:.4f} / "
-                         f"{nll['orthogonal']:.4f} | {passes} | {seconds:.0f} |")
+                         f"{nll['orthogonal']:.4f} | {'the paper' + chr(39) + 's rule' if keeps == 'orthogonal' else keeps} | "
+                          f"{passes} | {seconds:.0f} |")
     benches = sorted(folder.glob("bench-*.json"))
     if benches:
         lines += ["", "Prefill throughput against SLEB's, measured side by side (batch 1, interleaved repeats; "
