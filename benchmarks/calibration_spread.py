@@ -32,7 +32,7 @@ def run_calibrate(args, samples: int, seq_len: int, seed: int, out_dir: Path) ->
         return
     cmd = [sys.executable, "-m", "orthorank.cli.main", "calibrate", "--model", "smollm2-135m", "--method", "orthorank",
            "--sparsity", args.sparsity, "--calib-samples", str(samples), "--seq-len", str(seq_len),
-           "--seed", str(seed), "--dtype", args.dtype, "--threads", str(args.threads), "--out-dir", str(out_dir),
+           "--seed", str(seed), "--dtype", args.dtype, "--threads", str(args.threads), "--out", str(out_dir),
            "--overwrite"]
     if args.exhaustive:
         cmd.append("--exhaustive")

@@ -1,7 +1,7 @@
 """What stands between batch-1 decoding and the memory-bandwidth bound on this CPU.
 
 The speed issue asks decode at batch 1 to reach 60% of the bandwidth bound (bytes one step reads over the measured
-copy bandwidth, `orthorank.bench.bandwidth`). This script measures, side by side in one process and interleaved
+copy bandwidth, `orthorank.runtime.bandwidth`). This script measures, side by side in one process and interleaved
 rounds, three rates for one model:
 
     bound      B * copy bandwidth / bytes one decode step reads (weights once, KV cache per row)
@@ -34,7 +34,7 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from orthorank.bench.bandwidth import copy_bandwidth, decode_bound, decode_step_bytes  # noqa: E402
+from orthorank.runtime.bandwidth import copy_bandwidth, decode_bound, decode_step_bytes  # noqa: E402
 from orthorank.models.adapters import get_adapter  # noqa: E402
 from orthorank.models.loading import load_model  # noqa: E402
 from orthorank.results import atomic_write_text, environment  # noqa: E402

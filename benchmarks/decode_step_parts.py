@@ -12,7 +12,7 @@ over a `--context`-token prompt, median of `--steps` steps per round, `--rounds`
 
 each with the one-sequence step (`SelectiveLayer.fast_threshold_step`, the default) and with the general selection
 path ("/general"), and prints each against dense beside its ideal (keep-all 1.0; keep-none the weights model with
-the LM head counted, `orthorank.bench.costmodel`).
+the LM head counted, `orthorank.runtime.costmodel`).
 
     .venv/bin/python benchmarks/decode_step_parts.py --model smollm2-135m --plan plans/smollm2-135m/orthorank-0.2.json \
         --out benchmarks/results/decode-static/step-parts.json
@@ -32,8 +32,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from orthorank.bench.bandwidth import decode_head_share  # noqa: E402
-from orthorank.bench.costmodel import ideal_speedup, kv_fraction, with_fixed_share  # noqa: E402
+from orthorank.runtime.bandwidth import decode_head_share  # noqa: E402
+from orthorank.runtime.costmodel import ideal_speedup, kv_fraction, with_fixed_share  # noqa: E402
 from orthorank.method.apply import apply_orthorank, restore_dense, selective  # noqa: E402
 from orthorank.method.layer import SelectiveLayer  # noqa: E402
 from orthorank.method.selection import SelectionConfig  # noqa: E402

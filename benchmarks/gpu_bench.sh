@@ -29,8 +29,8 @@ START=$(date +%s)
 if [[ "${GPU_BENCH_TINY:-0}" == "1" ]]; then
   SHAPES=(smollm2-135m-shape gemma3-270m-shape)
   COMMON=(--num-layers 4 --device cpu --dtype float32 --sparsity 0.25)
-  PREFILL=(--batch 2 --seq-len 64 --warmup 1 --repeats 2)
-  DECODE=(--batch 1,2 --seq-len 32 --new-tokens 4 --warmup 1 --repeats 2)
+  PREFILL=(--batch-size 2 --seq-len 64 --warmup 1 --repeats 2)
+  DECODE=(--batch-size 1,2 --seq-len 32 --new-tokens 4 --warmup 1 --repeats 2)
   IMPLS=eager,static  # compiling on a CPU takes minutes; the GPU run compiles
   # a smoke test checks that every run works, not how fast: its budget is the test's own timeout, so a busy
   # machine slows it down instead of skipping runs
@@ -39,8 +39,8 @@ else
   BUDGET=${GPU_BENCH_BUDGET_S:-400}
   SHAPES=(llama2-7b llama3-8b mistral-7b gemma3-270m-shape)
   COMMON=(--dtype bfloat16 --sparsity 0.2)
-  PREFILL=(--batch 32 --seq-len 2048 --warmup 1 --repeats 5 --fit-batch)
-  DECODE=(--batch 1,32 --seq-len 512 --new-tokens 32 --warmup 1 --repeats 4 --fit-batch)
+  PREFILL=(--batch-size 32 --seq-len 2048 --warmup 1 --repeats 5 --fit-batch)
+  DECODE=(--batch-size 1,32 --seq-len 512 --new-tokens 32 --warmup 1 --repeats 4 --fit-batch)
   IMPLS=eager,compile
 fi
 

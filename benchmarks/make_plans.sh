@@ -12,5 +12,5 @@ METHODS=${METHODS:-"orthorank sleb shortened-ppl shortgpt"}
 for m in $METHODS; do
   # the default calibration (8K tokens of the four-domain mix, docs/data.md), compute matched at 512 tokens
   .venv/bin/orthorank calibrate --model smollm2-135m --method "$m" --sparsity 0.1,0.2 --cost-seq-len 512 \
-    --match compute,nominal --dtype float32 --seed 0 --threads "${THREADS:-2}" --out-dir "$OUT" ${OVERWRITE:+--overwrite}
+    --match compute,nominal --dtype float32 --seed 0 --threads "${THREADS:-2}" --out "$OUT" ${OVERWRITE:+--overwrite}
 done

@@ -20,7 +20,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from orthorank.bench.memory import PeakMeter, Shape, estimate_bytes  # noqa: E402
+from orthorank.peak_memory import PeakMeter  # noqa: E402
+from orthorank.runtime.memory import Shape, estimate_bytes  # noqa: E402
 from orthorank.evaluation.perplexity import window_nll  # noqa: E402
 from orthorank.models.loading import load_model  # noqa: E402
 from orthorank.models.static_decode import allocated_static_cache  # noqa: E402

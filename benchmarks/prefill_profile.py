@@ -22,13 +22,14 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from orthorank.bench.runner import (LastTokenForward, PROFILE_CATEGORIES, method_specs,  # noqa: E402
-                                    profile_families, random_ids)
+from orthorank.bench.runner import PROFILE_CATEGORIES, method_specs, profile_families, random_ids  # noqa: E402
 from orthorank.method.apply import restore_dense  # noqa: E402
 from orthorank.method.cost import Arch  # noqa: E402
 from orthorank.method.selection import SelectionConfig  # noqa: E402
+from orthorank.models.last_token import LastTokenForward  # noqa: E402
 from orthorank.models.loading import load_model  # noqa: E402
 from orthorank.results import atomic_write_text, environment  # noqa: E402
+from orthorank.runtime.timing import interleaved_rounds  # noqa: E402
 
 METHODS = ["dense", "spread-prune", "spread-orthorank"]
 FAMILIES = [c for c, _ in PROFILE_CATEGORIES] + ["elementwise"]
@@ -43,23 +44,20 @@ def measure(model_name: str, T: int, sparsity: float, rounds: int, calls: int, d
     times: dict[str, list[float]] = {s.name: [] for s in specs}
     profiles: dict[str, tuple[dict[str, float], float]] = {}
     with torch.inference_mode():
-        def run(spec, timed: bool) -> None:
-            spec.apply(lm.model)
+        by_name = {spec.name: spec for spec in specs}
+
+        def run(name: str) -> float:
+            by_name[name].apply(lm.model)
             try:
                 t = time.perf_counter()
                 forward(ids)
-                if timed:
-                    times[spec.name].append(time.perf_counter() - t)
+                return time.perf_counter() - t
             finally:
                 restore_dense(lm.model)
 
-        for spec in specs:
-            run(spec, timed=False)
-        for r in range(rounds):
-            k = r % len(specs)
-            for spec in specs[k:] + specs[:k]:
-                run(spec, timed=True)
-            print(f"round {r + 1}/{rounds}: " + ", ".join(f"{n} {t[-1]:.2f} s" for n, t in times.items()), flush=True)
+        times.update(interleaved_rounds(
+            list(by_name), run, rounds, warmup=1, on_round=lambda r, t: print(
+                f"round {r + 1}/{rounds}: " + ", ".join(f"{n} {v[-1]:.2f} s" for n, v in t.items()), flush=True)))
         for spec in specs:
             spec.apply(lm.model)
             try:

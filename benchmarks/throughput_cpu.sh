@@ -22,11 +22,11 @@ export OMP_NUM_THREADS=$THREADS
 mkdir -p "$OUT"
 BENCH=("$PY" -m orthorank.cli.main bench --device cpu --overwrite --threads "$THREADS")
 
-"${BENCH[@]}" --model smollm2-135m --mode prefill,decode,layer --batch 4 --decode-batch 1 --seq-len 1024 \
+"${BENCH[@]}" --model smollm2-135m --mode prefill,decode,layer --batch-size 4 --decode-batch-size 1 --seq-len 1024 \
   --prompt-len 256 --new-tokens 32 --warmup 1 --repeats 9 --json "$OUT/cpu-smollm2-135m.json"
 
 for shape in llama2-7b llama3-8b; do
-  "${BENCH[@]}" --model "$shape" --num-layers 10 --dtype bfloat16 --mode prefill,layer --batch 1 --seq-len 1024 \
+  "${BENCH[@]}" --model "$shape" --num-layers 10 --dtype bfloat16 --mode prefill,layer --batch-size 1 --seq-len 1024 \
     --warmup 1 --repeats 7 --json "$OUT/cpu-$shape-10layers.json"
 done
 

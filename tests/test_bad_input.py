@@ -81,7 +81,7 @@ def test_summary_out_and_overwrite(capsys, tmp_path):
 def test_calibrate_refuses_sparsity_zero(capsys, tiny_hf_folder, tmp_path):
     for method in ("sleb", "orthorank"):
         code, out, err = run_cli(capsys, "calibrate", "--model", tiny_hf_folder, "--method", method, "--sparsity", "0",
-                                 "--out-dir", tmp_path / "p")
+                                 "--out", tmp_path / "p")
         assert code == 2 and "--sparsity 0 changes no layer" in err.strip().splitlines()[-1], err
         assert "loaded " not in err  # refused before the model loads
 
@@ -101,7 +101,7 @@ def test_decode_modifier_refused_where_it_would_be_dropped(capsys, tiny_hf_folde
 
 def test_longctx_bad_decode_before_loading(capsys, tiny_hf_folder, tmp_path):
     code, out, err = run_cli(capsys, "longctx", "--model", tiny_hf_folder, "--out", tmp_path / "o", "--methods",
-                             "dense", "--decode", "fast")
+                             "dense", "--decode-modes", "fast")
     assert code == 2 and "unknown decode policy 'fast'" in err and "loaded " not in err, err
 
 

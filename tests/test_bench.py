@@ -15,7 +15,7 @@ import torch
 from orthorank.method.apply import selective
 
 from conftest import tiny_model
-from orthorank.bench.costmodel import (
+from orthorank.runtime.costmodel import (
     flop_layer_cost, ideal_speedup, kv_fraction, selective_layer_cost, spread_layers,
 )
 from orthorank.cli.main import main
@@ -88,7 +88,7 @@ def _bench(tmp_path, *extra):
 
 
 def test_bench_cli_prefill_decode_layer(tmp_path):
-    data = _bench(tmp_path, "--mode", "prefill,decode,layer", "--batch", "2", "--new-tokens", "3",
+    data = _bench(tmp_path, "--mode", "prefill,decode,layer", "--batch-size", "2", "--new-tokens", "3",
                   "--methods", "dense,spread-prune,spread-orthorank")
     from orthorank.method.cost import Arch
     from orthorank.method.plan import layers_for_sparsity
@@ -194,7 +194,7 @@ def test_bench_cli_plan_override_and_errors(tmp_path, capsys):
     lm = load_model("smollm2-135m-shape", device="cpu", num_layers=4)
     plan = tmp_path / "plan.json"
     Plan("orthorank", [1, 2], lm.name, lm.signature()).save(plan)
-    data = _bench(tmp_path, "--methods", "dense,orthorank", "--plan", str(plan), "--batch", "1")
+    data = _bench(tmp_path, "--methods", "dense,orthorank", "--plan", str(plan), "--batch-size", "1")
     ortho = data["runs"][0]["methods"][1]
     assert ortho["layers"] == [1, 2] and ortho["layers_from"] == str(plan)
     assert main(["bench", "--model", "smollm2-135m-shape", "--num-layers", "2", "--mode", "sideways"]) == 2
@@ -372,7 +372,7 @@ def test_chunked_prefill_with_cache_is_exact(monkeypatch):
     seen = {}
     handle = wrapper.register_forward_hook(
         lambda mod, a, k, o: seen.update(h=a[0], kw=k, o=o), with_kwargs=True)
-    from orthorank.bench.runner import _cache_kwarg
+    from orthorank.models.static_decode import cache_kwarg as _cache_kwarg
 
     m(ids[:, 40:], use_cache=True, **{_cache_kwarg(m): cache})
     handle.remove()
@@ -442,7 +442,7 @@ def test_spread_hybrid_for_speed_measurements(tmp_path):
 
 
 def test_decode_step_bytes_count_the_layers_that_run_and_the_cache():
-    from orthorank.bench.bandwidth import decode_bound, decode_step_bytes
+    from orthorank.runtime.bandwidth import decode_bound, decode_step_bytes
 
     model = tiny_model("llama", layers=4)
     cfg = model.config
@@ -459,7 +459,7 @@ def test_decode_step_bytes_count_the_layers_that_run_and_the_cache():
 def test_bench_threshold_decode_has_an_ideal_at_the_updated_share(tmp_path):
     """--policies +decode=threshold adds a row on the same layers; its ideal speed-up is the weights model's at the
     share of decoded tokens the selection layers updated (counted in an untimed run), so it has a % of ideal."""
-    data = _bench(tmp_path, "--mode", "prefill,decode", "--batch", "1", "--new-tokens", "4",
+    data = _bench(tmp_path, "--mode", "prefill,decode", "--batch-size", "1", "--new-tokens", "4",
                   "--methods", "dense,spread-orthorank", "--policies", "+decode=threshold")
     prefill, decode = data["runs"]
     assert [m["method"] for m in prefill["methods"]] == ["dense", "spread-orthorank"]  # the same prefill, once
@@ -469,7 +469,7 @@ def test_bench_threshold_decode_has_an_ideal_at_the_updated_share(tmp_path):
     assert plain["ideal_speedup"] == 1.0 and "decoded_tokens_updated" not in plain
     u, n, f = thr["decoded_tokens_updated"], len(thr["layers"]), data["f_kv"]
     assert 0.0 <= u <= 1.0
-    from orthorank.bench.costmodel import with_fixed_share
+    from orthorank.runtime.costmodel import with_fixed_share
 
     layers_only = 4 / (4 - n + n * selective_layer_cost(f, u))
     assert thr["ideal_speedup"] == pytest.approx(with_fixed_share(layers_only, decode["head_share"]))
@@ -590,8 +590,8 @@ def test_bench_rows_record_the_peak_above_the_loaded_model(tmp_path):
 def test_decode_ideal_counts_the_lm_head_every_method_reads(tmp_path):
     """A decode step reads the whole LM head whatever the plan, so removing n of L layers cannot speed it up by
     L / (L - n): the ideal is Amdahl's with the head's share of the step's weight bytes (Gemma 3 270M: 63%)."""
-    from orthorank.bench.bandwidth import decode_head_share
-    from orthorank.bench.costmodel import with_fixed_share
+    from orthorank.runtime.bandwidth import decode_head_share
+    from orthorank.runtime.costmodel import with_fixed_share
     from orthorank.models.loading import load_model
 
     assert with_fixed_share(2.0, 0.0) == 2.0 and with_fixed_share(2.0, 1.0) == 1.0 and with_fixed_share(None, 0.5) is None

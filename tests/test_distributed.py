@@ -33,7 +33,7 @@ def test_two_processes_equal_one(tiny_hf_folder, tmp_path):
         for method in ("orthorank", "sleb", "shortened-ppl"):
             _run(["calibrate", *common, "--method", method, "--sparsity", "0.2,0.3", "--calib-data", str(text),
                   "--calib-samples", "6", "--seq-len", "32", "--match", "nominal", "--no-store", "--measure-speed", "0",
-                  "--out-dir", f"run{n}/plans/{tiny_hf_folder.name}"], tmp_path, n)
+                  "--out", f"run{n}/plans/{tiny_hf_folder.name}"], tmp_path, n)
         plans[n] = {p.name: json.loads(p.read_text()) for p in (tmp_path / f"run{n}/plans").rglob("*.json")}
     assert plans[1].keys() == plans[2].keys() and len(plans[1]) == 6
     for name in plans[1]:
@@ -50,6 +50,8 @@ def test_two_processes_equal_one(tiny_hf_folder, tmp_path):
         assert out.count("| dense |") >= 1  # only rank 0 printed its tables once
         results[n] = json.loads((tmp_path / f"run{n}/out/compare.json").read_text())
     assert results[2]["world_size"] == 2 and results[1]["world_size"] == 1
+    # every result file says how many processes made it
+    assert results[2]["environment"]["processes"] == 2 and results[1]["environment"]["processes"] == 1
     for key in ("rows", "comparisons", "zeroshot"):
         assert results[1][key] == results[2][key], key
     # zero-shot command under torchrun too
@@ -89,7 +91,7 @@ def test_offloaded_model_under_torchrun_equals_one_process(tiny_hf_folder, tmp_p
     plans = {}
     for n, extra in ((1, []), (2, offload)):
         _run(["calibrate", *base, *extra, "--method", "sleb", "--sparsity", "0.25", "--calib-data", str(text),
-              "--calib-samples", "4", "--seq-len", "32", "-o", f"sleb{n}.json"], tmp_path, n)
+              "--calib-samples", "4", "--seq-len", "32", "--json", f"sleb{n}.json"], tmp_path, n)
         plans[n] = json.loads((tmp_path / f"sleb{n}.json").read_text())
     assert plans[1]["layers"] == plans[2]["layers"]
     assert plans[1]["provenance"]["losses"] == pytest.approx(plans[2]["provenance"]["losses"], rel=1e-5)

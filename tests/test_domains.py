@@ -162,7 +162,7 @@ def test_calibrate_on_domains_with_exact_matching_and_compare_every_domain(tiny_
     for method in ("sleb", "orthorank", "shortgpt"):
         code, out, err = run_cli(capsys, "calibrate", "--model", tiny_hf_folder, "--method", method,
                                  "--sparsity", "0.25", "--calib-data", "mix:c4+code", "--calib-tokens", "1K",
-                                 "--seq-len", "64", "--out-dir", f"plans/{name}", "--measure-speed", "3",
+                                 "--seq-len", "64", "--out", f"plans/{name}", "--measure-speed", "3",
                                  *(["--match", "compute,speed"] if method == "orthorank" else []))
         assert code == 0, err
     speed = json.loads((tmp_path / "plans" / name / "orthorank-speed-0.25.json").read_text())
@@ -206,7 +206,7 @@ def test_compare_refuses_windows_that_overlap_a_plans_calibration(tiny_hf_folder
     name = tiny_hf_folder.name
     code, out, err = run_cli(capsys, "calibrate", "--model", tiny_hf_folder, "--method", "sleb", "--sparsity", "0.25",
                              "--calib-data", "wikitext2", "--calib-tokens", "16K", "--seq-len", "256",
-                             "--out-dir", f"plans/{name}", "--measure-speed", "0", "--no-store")
+                             "--out", f"plans/{name}", "--measure-speed", "0", "--no-store")
     assert code == 0, err
     code, out, err = run_cli(capsys, "compare", "--model", tiny_hf_folder, "--methods", "dense,sleb", "--sparsity",
                              "0.25", "--datasets", "wikitext2", "--seq-len", "256", "--max-windows", "100000",
@@ -225,7 +225,7 @@ def test_compare_refuses_windows_that_overlap_a_plans_calibration(tiny_hf_folder
     own = tmp_path / "mine.txt"
     own.write_text("A text of my own, about boats and rivers and the people on them. " * 400)
     code, out, err = run_cli(capsys, "calibrate", "--model", tiny_hf_folder, "--method", "sleb", "--sparsity", "0.25",
-                             "--calib-data", str(own), "--calib-samples", "8", "--seq-len", "64", "-o", "own.json",
+                             "--calib-data", str(own), "--calib-samples", "8", "--seq-len", "64", "--json", "own.json",
                              "--measure-speed", "0", "--no-store")
     assert code == 0, err
     (tmp_path / "plans" / name / "sleb-0.25.json").unlink()
@@ -236,7 +236,8 @@ def test_compare_refuses_windows_that_overlap_a_plans_calibration(tiny_hf_folder
 
 
 def test_calibrate_bad_sources_are_one_line_errors(tiny_hf_folder, tmp_path, capsys):
-    base = ["calibrate", "--model", tiny_hf_folder, "--method", "sleb", "--sparsity", "0.25", "-o", tmp_path / "p.json"]
+    base = ["calibrate", "--model", tiny_hf_folder, "--method", "sleb", "--sparsity", "0.25", "--json",
+            tmp_path / "p.json"]
     assert_user_error(capsys, "unknown calibration data", *base, "--calib-data", "books")
     assert_user_error(capsys, "does not exist", *base, "--calib-data", "no/such.txt")
     assert_user_error(capsys, "a mix names two or more", *base, "--calib-data", "mix:c4")

@@ -28,11 +28,12 @@ VARIANTS = ["norm", "orthogonal+recent=4", "oracle", "nope", "norm+recent", "+fi
 COMMANDS: dict[str, tuple[list[str], dict[str, list[str]]]] = {
     "ppl": (["--model", "{model}", "--dataset", "{text}"], {
         "--seq-len": ["32", "1", "0", "-5", "abc"], "--max-windows": SMALL, "--batch-size": SMALL,
-        "--method": ["dense", "orthorank", "prune", "bogus"], "--layers": ["1", "1,2", "9", "a", ""],
-        "--ratio": RATIO, "--policy": POLICY, "--keep-recent": SMALL, "--plan": ["{tmp}/none.json", "{text}"],
+        "--method": ["dense", "orthorank", "prune", "sleb", "bogus"], "--layers": ["1", "1,2", "9", "a", ""],
+        "--sparsity": SPARSITY, "--ratio": RATIO, "--policy": POLICY, "--keep-recent": SMALL,
+        "--plan": ["{tmp}/none.json", "{text}"],
         "--dataset": ["{text}", "{tmp}/none.txt", "nope"], "--dtype": ["float32", "float64", "x"]}),
     "bench": (["--model", "{model}", "--repeats", "1", "--warmup", "0"], {
-        "--seq-len": ["16", "0", "-1", "x"], "--batch": ["1", "1,2", "0", "x"],
+        "--seq-len": ["16", "0", "-1", "x"], "--batch-size": ["1", "1,2", "0", "x"],
         "--methods": ["dense", "dense,spread-prune", "bogus", ""], "--sparsity": SPARSITY, "--ratio": RATIO,
         "--mode": ["prefill", "decode", "layer", "bogus"], "--json": ["{tmp}/b.json", "{tmp}"]}),
     "analyze": (["--model", "{model}", "--out", "{tmp}/a"], {
@@ -45,10 +46,10 @@ COMMANDS: dict[str, tuple[list[str], dict[str, list[str]]]] = {
         "--policies": VARIANTS, "--method": ["orthorank", "hybrid"], "--sparsity": SPARSITY}),
     "calibrate": (["--model", "{model}", "--calib-data", "{text}", "--calib-samples", "2", "--seq-len", "16"], {
         "--method": ["sleb", "orthorank", "shortgpt", "orthorank-ratios", "hybrid", "bogus"],
-        "--sparsity": SPARSITY, "--out-dir": ["{tmp}/p"], "-o": ["{tmp}/p.json"], "--ratio": RATIO,
+        "--sparsity": SPARSITY, "--out": ["{tmp}/p"], "--json": ["{tmp}/p.json"], "--ratio": RATIO,
         "--ratios": ["0.25,0.5", "0", "x"], "--policy": POLICY, "--calib-tokens": ["32", "8K", "0", "x"],
         "--calib-data": ["{text}", "{tmp}/none.txt", "mix:nope", "bogus"], "--screen-fraction": RATIO}),
-    "fit-router": (["--model", "{model}", "--plan", "{plan}", "--out", "{tmp}/r.json", "--calib-data", "{text}",
+    "fit-router": (["--model", "{model}", "--plan", "{plan}", "--json", "{tmp}/r.json", "--calib-data", "{text}",
                     "--calib-samples", "4", "--seq-len", "16", "--no-store"], {
         "--plan": ["{plan}", "{tmp}/none.json", "{text}"], "--targets": ["update", "nope", "", "update,fisher"],
         "--alphas": ["1,10", "0", "x", ""], "--iterations": SMALL, "--layers": ["inner", "1", "x", "9"],
@@ -68,7 +69,7 @@ COMMANDS: dict[str, tuple[list[str], dict[str, list[str]]]] = {
                  "--tasks", "niah_single", "--methods", "dense"], {
         "--methods": ["dense", "dense,sleb", "bogus"], "--lengths": ["256", "1k", "x", "10"],
         "--tasks": ["niah_single", "bogus", ""], "--samples": SMALL, "--policies": VARIANTS,
-        "--plans-dir": ["{tmp}/none"], "--decode": ["dense", "threshold", "bogus"]}),
+        "--plans-dir": ["{tmp}/none"], "--decode-modes": ["dense", "threshold", "bogus"]}),
     "longbench": (["--model", "{model}", "--out", "{tmp}/lb", "--limit", "1", "--no-store", "--methods", "dense",
                    "--tasks", "multi_news"], {
         "--tasks": ["multi_news", "bogus"], "--limit": SMALL, "--data-dir": ["{tmp}/none", "{tmp}"],

@@ -215,7 +215,7 @@ def test_apply_hybrid_errors():
 # -- cost table -----------------------------------------------------------------------------------------------------
 
 from orthorank.search.hybrid import check_targets, hybrid_search, moves_from  # noqa: E402
-from orthorank.bench.cost_table import CostTable, device_description  # noqa: E402
+from orthorank.runtime.cost_table import CostTable, device_description  # noqa: E402
 from orthorank.method.plan import REMOVE  # noqa: E402
 
 SIG8 = dict(SIG, num_layers=8)
@@ -431,7 +431,7 @@ def test_calibrate_hybrid_cli(tiny_hf_folder, tmp_path, capsys):
     costs.write_text(json.dumps(data))
     t = CostTable.load(costs)
     code, out, err = run_cli(capsys, *_calibrate(tiny_hf_folder, text, "--cost-table", costs, "--target-speedup",
-                                                 "1.1,1.3", "--out-dir", tmp_path / "plans"))
+                                                 "1.1,1.3", "--out", tmp_path / "plans"))
     assert code == 0, err
     for target in (1.1, 1.3):
         plan = Plan.load(tmp_path / "plans" / f"hybrid-x{target:g}.json")
@@ -441,7 +441,7 @@ def test_calibrate_hybrid_cli(tiny_hf_folder, tmp_path, capsys):
         assert plan.label() == f"hybrid@{target:g}x"
     # --sparsity S targets the speed-up of removing ceil(S L) layers, named like other saved plans
     code, out, err = run_cli(capsys, *_calibrate(tiny_hf_folder, text, "--cost-table", costs, "--sparsity", "0.25",
-                                                 "--ratios", "0.33", "--out-dir", tmp_path / "plans"))
+                                                 "--ratios", "0.33", "--out", tmp_path / "plans"))
     assert code == 0, err
     plan = Plan.load(tmp_path / "plans" / "hybrid-0.25.json")
     assert plan.target_sparsity == 0.25 and t.plan_speedup(plan) >= t.predicted_speedup({1: REMOVE}) - 1e-9
@@ -452,7 +452,7 @@ def test_calibrate_hybrid_cli(tiny_hf_folder, tmp_path, capsys):
     assert code == 0, err
     # errors, each one line and exit status 2
     cal = lambda *a: _calibrate(tiny_hf_folder, text, *a)  # noqa: E731
-    o = ["-o", tmp_path / "x.json"]
+    o = ["--json", tmp_path / "x.json"]
     assert_user_error(capsys, "needs --cost-table", *cal("--target-speedup", "1.2", *o))
     assert_user_error(capsys, "above 1", *cal("--cost-table", costs, "--target-speedup", "1.0", *o))
     assert_user_error(capsys, "above 1", *cal("--cost-table", costs, "--target-speedup", "0.8", *o))
@@ -487,8 +487,9 @@ def test_frontier_points_and_plot(tmp_path):
     """Rows timed in this run become frontier points (dense at 1x); rows without a measurement are left out."""
     import numpy as np
 
-    from orthorank.analysis.frontier import plot_frontier
-    from orthorank.evaluation.compare import Row, frontier_points
+    from orthorank.presentation.frontier import plot_frontier
+    from orthorank.evaluation.compare import Row
+    from orthorank.presentation.compare_tables import frontier_points
 
     rows = [Row("dense", 0.0, Plan("dense", [], "tiny", dict(SIG))), Row("sleb", 0.2, Plan("prune", [2], "tiny", dict(SIG))),
             Row("hybrid", 0.2, hybrid({1: "remove", 2: 0.25})), Row("orthorank", 0.2, Plan("orthorank", [2], "tiny", dict(SIG)))]
@@ -517,7 +518,7 @@ def test_compare_references_of_hybrid_rows():
 
 
 def test_registry_knows_hybrid():
-    from orthorank.methods import METHODS, searched
+    from orthorank.method.registry import METHODS, searched
 
     assert METHODS["hybrid"].plan_kind == "hybrid" and "hybrid" in searched()
     with pytest.raises(UserError, match="cost table"):
@@ -543,7 +544,7 @@ def test_compare_runs_saved_hybrid_plans(tiny_hf_folder, tmp_path, monkeypatch, 
     data["costs"]["dense_layer_s"], data["costs"]["rest_s"] = 0.01, 0.002
     costs.write_text(json.dumps(data))
     common = ["--model", tiny_hf_folder, "--calib-data", text, "--calib-samples", "4", "--seq-len", "32",
-              "--threads", "1", "--sparsity", "0.25", "--out-dir", f"plans/{name}"]
+              "--threads", "1", "--sparsity", "0.25", "--out", f"plans/{name}"]
     assert run_cli(capsys, "calibrate", "--method", "sleb", *common)[0] == 0
     code, out, err = run_cli(capsys, "calibrate", "--method", "hybrid", "--cost-table", costs, *common)
     assert code == 0, err
@@ -623,7 +624,7 @@ def test_interrupted_hybrid_search_resumes_to_the_same_plans(calib, tmp_path):
 # -- per-layer keep ratios at exactly pruning's compute (calibrate --method orthorank-ratios) ---------------------
 
 def test_match_exactly_lands_within_one_token_of_the_target():
-    from orthorank.bench.cost_table import FlopCostTable
+    from orthorank.runtime.cost_table import FlopCostTable
     from orthorank.search.hybrid import match_exactly
 
     arch = Arch(num_layers=6, hidden=64, heads=4, kv_heads=2, head_dim=16, ffn=128, vocab=256)
@@ -645,7 +646,7 @@ def test_calibrate_orthorank_ratios_cli(tiny_hf_folder, tmp_path, capsys):
     args = ["calibrate", "--model", tiny_hf_folder, "--method", "orthorank-ratios", "--calib-data", text,
             "--calib-samples", "4", "--seq-len", "32", "--threads", "1", "--cost-seq-len", "512"]
     code, out, err = run_cli(capsys, *args, "--sparsity", "0.2,0.25", "--ratios", "0.25,0.5",
-                             "--policy", "norm", "--out-dir", tmp_path / "plans")
+                             "--policy", "norm", "--out", tmp_path / "plans")
     assert code == 0, err
     arch = None
     for s in (0.2, 0.25):
@@ -662,7 +663,7 @@ def test_calibrate_orthorank_ratios_cli(tiny_hf_folder, tmp_path, capsys):
                              tmp_path / "plans" / "orthorank-ratios-0.2.json", "--dataset", text, "--seq-len", "32",
                              "--max-windows", "2", "--threads", "1")
     assert code == 0, err
-    o = ["-o", tmp_path / "x.json"]
+    o = ["--json", tmp_path / "x.json"]
     assert_user_error(capsys, "not --cost-table", *args, "--sparsity", "0.2", "--cost-table", text, *o)
     assert_user_error(capsys, "needs --sparsity", *args, *o)
     assert_user_error(capsys, "out of reach", *args, "--sparsity", "0.75", "--ratios", "0.5", *o)

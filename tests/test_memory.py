@@ -9,7 +9,7 @@ import pytest
 
 from cli_helpers import assert_user_error
 from conftest import tiny_model
-from orthorank.bench.memory import Shape, check_fits, estimate_bytes
+from orthorank.runtime.memory import Shape, check_fits, estimate_bytes
 from orthorank.method.cost import Arch
 from orthorank.errors import UserError
 
@@ -58,7 +58,7 @@ def test_peak_meter_sees_an_allocation_after_start():
 
     code = (
         "import sys, json, torch; sys.path.insert(0, sys.argv[1]);"
-        "from orthorank.bench.memory import PeakMeter;"
+        "from orthorank.peak_memory import PeakMeter;"
         "m = PeakMeter('cpu').start(); b = torch.ones(64 * 2**20 // 4); b.add_(1);"
         "print(json.dumps(m.to_dict()))")
     src = str(Path(__file__).resolve().parents[1] / "src")

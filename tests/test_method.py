@@ -58,7 +58,7 @@ def test_selective_layer_matches_naive_reference(family, ratio):
 
 def test_selection_follows_orthogonality():
     x = torch.tensor([[[1.0, 0.0], [0.9, 0.1], [0.0, 1.0], [0.5, 0.5], [0.1, -0.9]]])
-    from orthorank.method.selection import sink_scores
+    from orthorank.method.orthogonality import sink_scores
 
     scores = sink_scores(x, x[:, 0])
     keep = topk_keep_mask(scores, torch.ones(1, 5, dtype=torch.bool), torch.tensor([0]), torch.tensor([2]))
@@ -144,7 +144,7 @@ def test_cached_decode_step_matches_prefix_consistent_reference():
     out = m(ids, use_cache=True)
     keep_prompt = {i: selective(m.model.layers[i]).last_keep.clone() for i in (1, 2)}
     nxt = out.logits[:, -1].argmax(-1, keepdim=True)
-    from orthorank.bench.runner import _cache_kwarg, _output_cache
+    from orthorank.models.static_decode import cache_kwarg as _cache_kwarg, output_cache as _output_cache
 
     step = m(nxt, **{_cache_kwarg(m): _output_cache(out)}, use_cache=True).logits[:, -1]
     # Reference: dense model, but in layers 1 and 2 the prompt tokens not kept at prefill bypass the layer.

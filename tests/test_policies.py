@@ -388,7 +388,7 @@ def test_compare_continuation_rows_per_decode_policy(tiny_hf_folder, tmp_path, m
     name = tiny_hf_folder.name
     assert run_cli(capsys, "calibrate", "--model", tiny_hf_folder, "--method", "orthorank", "--calib-data", text,
                    "--calib-samples", "4", "--seq-len", "32", "--threads", "1", "--sparsity", "0.25",
-                   "--out-dir", f"plans/{name}", "--no-store")[0] == 0
+                   "--out", f"plans/{name}", "--no-store")[0] == 0
     argv = ["compare", "--model", tiny_hf_folder, "--methods", "dense,orthorank", "--sparsity", "0.25",
             "--datasets", "wikitext2", "--seq-len", "32", "--max-windows", "3", "--store", "store", "--threads", "1",
             "--continuation", "--policies", "+decode=threshold", "--out", "out", "--overwrite"]

@@ -330,7 +330,7 @@ def test_inplace_write_back_only_where_nothing_holds_the_input(monkeypatch):
 def test_threshold_decode_compacts_rows_exactly(monkeypatch, padded, attn):
     """Threshold decode steps where some rows keep their token and some do not run the layer on the kept rows
     only; the logits of every step equal those of running every row and discarding the bypassed rows' updates."""
-    from orthorank.bench.runner import _cache_kwarg, _output_cache
+    from orthorank.models.static_decode import cache_kwarg as _cache_kwarg, output_cache as _output_cache
     from orthorank.method.layer import SelectiveLayer
 
     m = tiny_model(attn=attn)
@@ -381,7 +381,7 @@ def test_threshold_decode_compacts_rows_exactly(monkeypatch, padded, attn):
 def test_one_sequence_threshold_step_equals_the_general_path(monkeypatch, family, attn):
     """At batch 1 a threshold decode step decides its token with one comparison and runs the dense layer or only
     its K/V; the kept/bypassed decisions, every step's logits and the cache equal the general selective path's."""
-    from orthorank.bench.runner import _cache_kwarg, _output_cache
+    from orthorank.models.static_decode import cache_kwarg as _cache_kwarg, output_cache as _output_cache
     from orthorank.method.layer import SelectiveLayer
 
     m = tiny_model(family, attn=attn)

@@ -140,7 +140,7 @@ def slow_setup(tmp_path_factory):
 def _calibrate(folder, text, cwd, out, method="orthorank", extra=()):
     return [sys.executable, "-m", "orthorank.cli.main", "calibrate", "--model", str(folder), "--method", method,
             "--sparsity", "0.3", "--calib-data", str(text), "--calib-samples", "8", "--seq-len", "64",
-            "--threads", "1", "--measure-speed", "0", "--store", "store", "-o", out, *extra]
+            "--threads", "1", "--measure-speed", "0", "--store", "store", "--json", out, *extra]
 
 
 def _plan_body(path: Path) -> dict:
@@ -361,7 +361,7 @@ def _compare_result(work):
 
 def _longctx_cmd(folder, text, work):
     return [sys.executable, "-m", "orthorank.cli.main", "longctx", "--model", str(folder), "--methods",
-            "dense,sleb,orthorank", "--sparsity", "0.2", "--plans-dir", str(_plans_for(folder, work)), "--decode",
+            "dense,sleb,orthorank", "--sparsity", "0.2", "--plans-dir", str(_plans_for(folder, work)), "--decode-modes",
             "dense", "--tasks", "niah_single", "--lengths", "256", "--samples", "8", "--batch-size", "2",
             "--threads", "1", "--store", "store", "--out", "out", "--overwrite"]
 

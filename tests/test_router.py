@@ -186,14 +186,14 @@ def test_fit_router_refuses_bad_input_before_loading(capsys, tmp_path):
     prune = Plan("prune", [1], "tiny", SIG)
     prune.save(tmp_path / "prune.json")
     assert_user_error(capsys, "selects tokens in no layer", "fit-router", "--plan", str(tmp_path / "prune.json"),
-                      "--out", str(tmp_path / "r.json"))
+                      "--json", str(tmp_path / "r.json"))
     orth = Plan("orthorank", [1], "tiny", SIG, selection=SelectionConfig())
     orth.save(tmp_path / "o.json")
     assert_user_error(capsys, "unknown router target(s) nope", "fit-router", "--plan", str(tmp_path / "o.json"),
-                      "--out", str(tmp_path / "r.json"), "--targets", "update,nope")
+                      "--json", str(tmp_path / "r.json"), "--targets", "update,nope")
     (tmp_path / "r.json").write_text("mine")
     assert_user_error(capsys, "exists; pass --overwrite", "fit-router", "--plan", str(tmp_path / "o.json"),
-                      "--out", str(tmp_path / "r.json"))
+                      "--json", str(tmp_path / "r.json"))
     assert (tmp_path / "r.json").read_text() == "mine"
 
 
@@ -209,11 +209,11 @@ def test_fit_router_and_a_search_under_the_router_end_to_end(tiny_hf_folder, tmp
     calib = ["--calib-data", "mix:c4+code", "--calib-tokens", "1K", "--seq-len", "64", "--measure-speed", "0"]
     for method in ("sleb", "orthorank"):
         code, out, err = run_cli(capsys, "calibrate", *common, "--method", method, "--sparsity", "0.25", *calib,
-                                 "--out-dir", f"plans/{name}")
+                                 "--out", f"plans/{name}")
         assert code == 0, err
     fit = ["--calib-data", "mix:c4+code", "--calib-samples", "8", "--seq-len", "32", "--batch-size", "4"]
     code, out, err = run_cli(capsys, "fit-router", *common, "--plan", f"plans/{name}/orthorank-0.25.json",
-                             "--out", f"plans/{name}/router-0.25.json", *fit, "--targets", "update,fisher",
+                             "--json", f"plans/{name}/router-0.25.json", *fit, "--targets", "update,fisher",
                              "--match-compute-of", f"plans/{name}/sleb-0.25.json", "--cost-seq-len", "64",
                              "--always-route")
     assert code == 0, err
@@ -225,7 +225,7 @@ def test_fit_router_and_a_search_under_the_router_end_to_end(tiny_hf_folder, tmp
     assert router.selection.fitted.calibration["mix"] == ["c4", "code"]
     # without --always-route the plan keeps the router only where it beat the paper's rule on held-out windows
     code, out, err = run_cli(capsys, "fit-router", *common, "--plan", f"plans/{name}/orthorank-0.25.json",
-                             "--out", "default.json", *fit, "--targets", "update,fisher",
+                             "--json", "default.json", *fit, "--targets", "update,fisher",
                              "--match-compute-of", f"plans/{name}/sleb-0.25.json", "--cost-seq-len", "64")
     assert code == 0, err
     result, default = json.loads(out.strip().splitlines()[-1]), Plan.load("default.json")
@@ -237,11 +237,11 @@ def test_fit_router_and_a_search_under_the_router_end_to_end(tiny_hf_folder, tmp
     assert abs(default.compute_sparsity(seq_len=64) - sleb.compute_sparsity(seq_len=64)) < 0.01
     # a bank for every inner layer, then the search under it
     code, out, err = run_cli(capsys, "fit-router", *common, "--plan", f"plans/{name}/orthorank-0.25.json",
-                             "--out", "bank.json", *fit, "--targets", "update", "--layers", "inner")
+                             "--json", "bank.json", *fit, "--targets", "update", "--layers", "inner")
     assert code == 0, err
     assert Plan.load("bank.json").selection.fitted.layer_indices == [1, 2]
     code, out, err = run_cli(capsys, "calibrate", *common, "--method", "orthorank", "--sparsity", "0.25", *calib,
-                             "--policy", "router", "--router", "bank.json", "--out-dir", "searched")
+                             "--policy", "router", "--router", "bank.json", "--out", "searched")
     assert code == 0, err
     searched = Plan.load("searched/orthorank-0.25.json")
     assert searched.selection.policy == "router" and set(searched.layers) <= {1, 2}
@@ -257,9 +257,9 @@ def test_fit_router_and_a_search_under_the_router_end_to_end(tiny_hf_folder, tmp
 
 def test_calibrate_refuses_the_router_policy_without_a_bank(capsys, tiny_hf_folder):
     assert_user_error(capsys, "give --router BANK", "calibrate", "--model", str(tiny_hf_folder), "--method",
-                      "orthorank", "--sparsity", "0.25", "--policy", "router", "--out-dir", "x")
+                      "orthorank", "--sparsity", "0.25", "--policy", "router", "--out", "x")
     assert_user_error(capsys, "add --policy router", "calibrate", "--model", str(tiny_hf_folder), "--method",
-                      "orthorank", "--sparsity", "0.25", "--router", "bank.json", "--out-dir", "x")
+                      "orthorank", "--sparsity", "0.25", "--router", "bank.json", "--out", "x")
 
 
 @pytest.mark.data  # ppl reads its evaluation text first
@@ -357,7 +357,7 @@ def test_fit_router_keeps_the_paper_rule_when_no_router_beats_it(tiny_hf_folder,
     calib = ["--calib-data", "mix:c4+code", "--calib-tokens", "1K", "--seq-len", "64", "--measure-speed", "0"]
     for method in ("sleb", "orthorank"):
         code, out, err = run_cli(capsys, "calibrate", *common, "--method", method, "--sparsity", "0.25", *calib,
-                                 "--out-dir", f"plans/{name}")
+                                 "--out", f"plans/{name}")
         assert code == 0, err
 
     def losing_fit(model, plan, windows, settings, calibration, log=None, checkpoint=None):
@@ -370,7 +370,7 @@ def test_fit_router_keeps_the_paper_rule_when_no_router_beats_it(tiny_hf_folder,
            "--match-compute-of", f"plans/{name}/sleb-0.25.json", "--cost-seq-len", "64"]
     sleb = Plan.load(f"plans/{name}/sleb-0.25.json")
     code, out, err = run_cli(capsys, "fit-router", *common, "--plan", f"plans/{name}/orthorank-0.25.json",
-                             "--out", "kept.json", *fit)
+                             "--json", "kept.json", *fit)
     assert code == 0, err
     kept = Plan.load("kept.json")
     assert kept.selection.policy == "orthogonal" and kept.selection.fitted is None
@@ -378,7 +378,7 @@ def test_fit_router_keeps_the_paper_rule_when_no_router_beats_it(tiny_hf_folder,
     assert json.loads(out.strip().splitlines()[-1])["kept"] == "orthogonal"
     assert abs(kept.compute_sparsity(seq_len=64) - sleb.compute_sparsity(seq_len=64)) < 0.01
     code, out, err = run_cli(capsys, "fit-router", *common, "--plan", f"plans/{name}/orthorank-0.25.json",
-                             "--out", "routed.json", *fit, "--always-route")
+                             "--json", "routed.json", *fit, "--always-route")
     assert code == 0, err
     routed = Plan.load("routed.json")
     assert routed.selection.policy == "router" and routed.provenance["router_fit"]["kept"] == "router"

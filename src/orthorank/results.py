@@ -13,7 +13,9 @@ from typing import Any
 import torch
 
 from orthorank.cpu_info import cpu_flags, cpu_model_name
+from orthorank.distributed import world_size
 from orthorank.errors import UserError
+from orthorank.peak_memory import measured
 
 
 def git_commit() -> str | None:
@@ -61,6 +63,8 @@ def environment(device: torch.device | str | None = None) -> dict[str, Any]:
         "device": str(dev),
         "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else cpu_model_name(),
         "cpu_threads": torch.get_num_threads(),
+        # processes that made the result together (torchrun shards windows, items and candidates across them)
+        "processes": world_size(),
         # CPU timings, and bfloat16's against float32's, depend on these (emulated bfloat16 without the last two)
         "cpu_isa": [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in cpu_flags()],
         "git_commit": git_commit(),
@@ -138,8 +142,6 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
 def write_json(path: str | Path, payload: dict[str, Any], *, device=None, overwrite: bool = False) -> Path:
     path = Path(path)
     check_writable(path, overwrite)
-    from orthorank.bench.memory import measured
-
     body = {**payload, "environment": environment(device)}
     memory = measured()
     if memory and "memory" not in body:

@@ -45,7 +45,7 @@ from orthorank.errors import UserError
 # The modules whose code decides the numbers a result of each kind holds; a change to their code (not to their
 # comments or docstrings) is a new code version for that kind. How a model is loaded is not among them: what was
 # loaded is named by the model fingerprint (config, dtypes, attention implementation, sampled weights).
-_MODEL_MODULES = ("method/selection.py", "method/attention.py", "method/attention_split.py", "method/layer.py",
+_MODEL_MODULES = ("method/orthogonality.py", "method/selection.py", "method/attention.py", "method/attention_split.py", "method/layer.py",
                   "method/apply.py", "method/policies.py", "method/router.py", "method/recording.py",
                   "models/adapters.py")
 NUMERIC_MODULES = {
@@ -57,7 +57,7 @@ NUMERIC_MODULES = {
     "search": _MODEL_MODULES + ("search/layer_search.py", "search/racing.py"),
     "router-fit": _MODEL_MODULES + ("search/router_fit.py",),
     "hybrid-search": _MODEL_MODULES + ("search/layer_search.py", "search/racing.py", "search/hybrid.py",
-                                       "bench/cost_table.py"),
+                                       "runtime/cost_table.py"),
 }
 
 

@@ -19,7 +19,7 @@ fit() {  # fit MODEL SOURCE-PLAN OUT LEVEL BATCH ITERATIONS DTYPE [EXTRA FLAGS]
   shift 7
   [ -f "$out" ] && return 0
   mkdir -p studies/router/$m
-  $O fit-router --model $m --plan "$src" --out "$out.tmp" --overwrite --batch-size $bs --iterations $it --dtype $dt --threads 2 \
+  $O fit-router --model $m --plan "$src" --json "$out.tmp" --overwrite --batch-size $bs --iterations $it --dtype $dt --threads 2 \
     --match-compute-of plans/$m/sleb-$s.json --cost-seq-len 512 "$@" > "$log.json" 2> "$log.log"
   mv "$out.tmp" "$out"
 }

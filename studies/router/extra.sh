@@ -27,7 +27,7 @@ if want seeds; then  # the 20% router fitted again with seeds 1 and 2 (other cal
     d=studies/router/$m/seed-$seed
     mkdir -p $d/plans
     [ -f $d/plans/router-0.2.json ] || { $O fit-router --model $m --plan plans/$m/orthorank-0.2.json \
-        --out $d/plans/router-0.2.json.tmp --overwrite --seed $seed --iterations 2 --batch-size 4 --threads 2 \
+        --json $d/plans/router-0.2.json.tmp --overwrite --seed $seed --iterations 2 --batch-size 4 --threads 2 \
         --match-compute-of plans/$m/sleb-0.2.json --cost-seq-len 512 > $d/fit.json 2> $d/fit.log \
         && mv $d/plans/router-0.2.json.tmp $d/plans/router-0.2.json; }
     cp -n plans/$m/sleb-0.2.json $d/plans/
@@ -43,7 +43,7 @@ if want transfer; then  # the router calibrated on each source of the transfer m
     mkdir -p $d/plans
     cp -n plans/$m/transfer/$src/sleb-0.2.json plans/$m/transfer/$src/orthorank-0.2.json $d/plans/
     [ -f $d/plans/router-0.2.json ] || { $O fit-router --model $m --plan plans/$m/transfer/$src/orthorank-0.2.json \
-        --calib-data $data --out $d/plans/router-0.2.json.tmp --overwrite --iterations 1 --batch-size 4 --threads 2 \
+        --calib-data $data --json $d/plans/router-0.2.json.tmp --overwrite --iterations 1 --batch-size 4 --threads 2 \
         --match-compute-of plans/$m/transfer/$src/sleb-0.2.json --cost-seq-len 512 > $d/fit.json 2> $d/fit.log \
         && mv $d/plans/router-0.2.json.tmp $d/plans/router-0.2.json; }
     [ -f $d/compare/compare.json ] || $O compare --model $m --methods sleb,orthorank,router --sparsity 0.2 \

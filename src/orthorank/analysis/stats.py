@@ -28,7 +28,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from orthorank.errors import UserError
-from orthorank.method.selection import CRITERIA, sink_scores, tokens_to_keep, topk_keep_mask
+from orthorank.method.orthogonality import sink_scores
+from orthorank.method.selection import CRITERIA, tokens_to_keep, topk_keep_mask
 from orthorank.models.adapters import get_adapter
 from orthorank.models.loading import input_device
 

@@ -1,6 +1,6 @@
 """Throughput benchmarks: dense vs layer removal (SLEB-style) vs OrthoRank, with the weight-based cost model."""
 
-from orthorank.bench.costmodel import (
+from orthorank.runtime.costmodel import (
     ideal_speedup, kv_fraction, layer_weight_counts, selective_layer_cost, spread_layers,
 )
 

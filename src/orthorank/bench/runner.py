@@ -16,21 +16,29 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from orthorank.bench.bandwidth import decode_bound, decode_head_share, decode_step_bytes, process_bandwidth
-from orthorank.bench.costmodel import (
+from orthorank.errors import UserError
+from orthorank.evaluation.continuation import UpdateCounter
+from orthorank.method import attention_split, orthogonality
+from orthorank.method.apply import apply_hybrid, apply_orthorank, prune_layers, restore_dense
+from orthorank.method.attention import SPLIT_MIN_KEYS, _sdpa, query_chunks
+from orthorank.method.cost import Arch, compute_sparsity, hybrid_compute_sparsity
+from orthorank.method.layer import SelectiveLayer, SequenceContext
+from orthorank.method.orthogonality import sink_scores
+from orthorank.method.plan import Plan, layers_for_sparsity
+from orthorank.method.plan_store import find_plan
+from orthorank.method.registry import get_method
+from orthorank.method.selection import SelectionConfig, keep_count, keep_to_indices
+from orthorank.models.adapters import get_adapter
+from orthorank.models.last_token import LastTokenForward
+from orthorank.models.static_decode import StaticDecoder
+from orthorank.runtime.bandwidth import decode_bound, decode_head_share, decode_step_bytes, process_bandwidth
+from orthorank.runtime.costmodel import (
     flop_layer_cost, ideal_speedup, kv_fraction, selective_layer_cost, spread_layers, with_fixed_share,
 )
-from orthorank.bench.timing import (
-    current_memory_mib, peak_memory, reset_peak_memory, summarize, synchronize, time_call,
+from orthorank.runtime.timing import (
+    current_memory_mib, interleaved_rounds, peak_memory, random_ids, reset_peak_memory, summarize, synchronize,
+    time_call,
 )
-from orthorank.errors import UserError
-from orthorank.method.apply import apply_hybrid, apply_orthorank, prune_layers, restore_dense
-from orthorank.method.cost import Arch, compute_sparsity
-from orthorank.method.plan import Plan, layers_for_sparsity
-from orthorank.method.selection import SelectionConfig
-from orthorank.models.adapters import get_adapter
-from orthorank.models.static_decode import cache_kwarg as _cache_kwarg
-from orthorank.models.static_decode import output_cache as _output_cache
 
 MODES = ("prefill", "decode", "layer")
 
@@ -70,10 +78,8 @@ class MethodSpec:
 def method_specs(methods: list[str], num_layers: int, sparsity: float, selection: SelectionConfig,
                  plans: list[tuple[str, Plan]] = (), model_name: str | None = None,
                  arch: Arch | None = None, seq_len: int | None = None) -> list[MethodSpec]:
-    """Layers per method (names from orthorank.methods): a searched method's saved plan at the sparsity, evenly
+    """Layers per method (names from orthorank.method.registry): a searched method's saved plan at the sparsity, evenly
     spread layers for spread-prune / spread-orthorank; a --plan file of the same kind overrides either."""
-    from orthorank.method.plan_store import find_plan
-    from orthorank.methods import get_method
 
     specs = []
     for name in methods:
@@ -116,8 +122,6 @@ def spread_hybrid_layers(sparsity: float, num_layers: int, ratio: float, arch: A
     """A hybrid point for speed measurements on random shapes (no calibration): half of layer removal's
     ceil(s L) layers removed (evenly spread), and the fewest evenly spread selection layers among the rest whose
     FLOPs at seq_len make up the other half's compute (all of the rest when even that falls short)."""
-    from orthorank.method.cost import compute_sparsity, hybrid_compute_sparsity
-
     p = layers_for_sparsity(sparsity, num_layers, "prune", 1.0, inner_only=False)
     removed = spread_layers(p // 2, num_layers)
     rest = [i for i in range(num_layers) if i not in removed]
@@ -129,33 +133,6 @@ def spread_hybrid_layers(sparsity: float, num_layers: int, ratio: float, arch: A
             break
     picks = spread_layers(n, len(rest))
     return removed, [rest[j] for j in picks]
-
-
-class LastTokenForward:
-    """The decoder stack, then the LM head on the last position only (what generation needs).
-
-    Not `model(..., logits_to_keep=1)`: that applies the head to a strided [B, 1, D] view, for which matmul on CPU
-    copies the whole transposed head weight on every call (1 GiB and seconds for Llama-3's 128k vocabulary), a
-    constant that would dilute every method's speed-up. A contiguous [B, D] row avoids it on every device.
-    """
-
-    def __init__(self, model: nn.Module) -> None:
-        self.decoder = get_adapter(model).decoder(model)
-        self.head = model.get_output_embeddings()
-        self.cache_kw = _cache_kwarg(self.decoder)
-
-    def __call__(self, ids: torch.Tensor, use_cache: bool = False, cache: Any = None) -> tuple[torch.Tensor, Any]:
-        kwargs = {self.cache_kw: cache} if cache is not None else {}
-        out = self.decoder(input_ids=ids, use_cache=use_cache, **kwargs)
-        logits = self.head(out.last_hidden_state[:, -1].contiguous())  # [B, vocab]
-        return logits, (_output_cache(out) if use_cache else None)
-
-
-def random_ids(vocab: int, batch: int, length: int, device: torch.device, seed: int) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(seed)
-    # Skip the lowest ids (special tokens in most vocabularies); content does not change the cost.
-    low = min(16, vocab - 1)
-    return torch.randint(low, vocab, (batch, length), generator=gen).to(device)
 
 
 @dataclass
@@ -189,8 +166,6 @@ def _workload(model: nn.Module, settings: RunSettings, device: torch.device) -> 
         return prefill
 
     if settings.decode_impl != "eager":
-        from orthorank.models.static_decode import StaticDecoder
-
         holder: dict[str, StaticDecoder] = {}
 
         def static_decode() -> float:
@@ -237,7 +212,6 @@ def _greedy_steps(forward: LastTokenForward, state: dict[str, Any], steps: int,
 def decoded_update_share(model: nn.Module, spec: MethodSpec, settings: RunSettings, device: torch.device) -> float:
     """The share of decoded tokens the selection layers updated in the workload's greedy steps (the threshold decode
     policy skips the rest): one untimed eager run of the same prompt and steps, counting after every step."""
-    from orthorank.evaluation.continuation import UpdateCounter
 
     spec.apply(model)
     try:
@@ -275,44 +249,7 @@ def run_methods(model: nn.Module, specs: list[MethodSpec], settings: RunSettings
     measured = [_Measured(s) for s in specs]
     base_mib = current_memory_mib(device)
     bandwidth = process_bandwidth(device) if settings.mode == "decode" else None
-    try:
-        with torch.inference_mode():
-            # one workload per method where it holds per-plan state (a static cache and the step compiled for it)
-            # A static cache and a step compiled for one plan: each method decodes its own copy of the model with its
-            # plan applied once (re-applying a plan per round would invalidate the compiled graph in the timed part).
-            own = settings.mode == "decode" and settings.decode_impl != "eager"
-            models = {m.spec.name: _applied_copy(model, m.spec) if own else model for m in measured}
-            shared = None if own else _workload(model, settings, device)
-            works = {name: _workload(mm, settings, device) if own else shared for name, mm in models.items()}
-
-            def run_one(m: _Measured, timed: bool) -> None:
-                if not own:
-                    m.spec.apply(model)
-                try:
-                    if not timed:
-                        works[m.spec.name]()
-                        return
-                    reset_peak_memory(device)
-                    m.times.append(works[m.spec.name]())
-                    for key, value in peak_memory(device).items():
-                        m.memory[key] = max(m.memory.get(key, 0.0), value)
-                finally:
-                    if not own:
-                        restore_dense(model)
-
-            for m in measured:
-                for _ in range(max(settings.warmup, 1 if own else 0)):  # compiling is never timed
-                    run_one(m, timed=False)
-            _release(device)
-            for r in range(settings.repeats):
-                k = r % len(measured)
-                for m in measured[k:] + measured[:k]:
-                    run_one(m, timed=True)
-                log(f"  round {r + 1}/{settings.repeats}: " + ", ".join(
-                    f"{m.spec.name} {m.times[-1] * 1e3:.1f} ms" for m in measured))
-    finally:
-        restore_dense(model)
-        _release(device)
+    _time_methods(model, measured, settings, device, log)
 
     f_kv = kv_fraction(model.config)
     # threshold decoding: what the selection layers skipped depends on the text, so the ideal is taken at the share
@@ -325,82 +262,9 @@ def run_methods(model: nn.Module, specs: list[MethodSpec], settings: RunSettings
     dense_t = next((stats[m.spec.name]["median_s"] for m in measured if m.spec.kind == "dense"), None)
     prune_t = next((stats[m.spec.name]["median_s"] for m in measured if m.spec.kind == "prune"), None)
     dense_min = next((stats[m.spec.name]["min_s"] for m in measured if m.spec.kind == "dense"), None)
-    rows = []
-    for m in measured:
-        s, st = m.spec, stats[m.spec.name]
-        sel = s.selection or SelectionConfig()
-        # prefill: FLOPs with attention at this prompt length; decode: weights (one new token per step)
-        cost = flop_layer_cost(model.config, settings.seq_len, sel.ratio) if settings.mode == "prefill" else None
-        if s.kind == "hybrid":  # removed layers cost nothing; selection layers as OrthoRank's
-            sel_ideal = ideal_speedup("orthorank", num_layers - len(s.removed), len(s.layers), f_kv, sel.ratio,
-                                      settings.mode, sel.decode, cost)
-            sel_ideal_w = ideal_speedup("orthorank", num_layers - len(s.removed), len(s.layers), f_kv, sel.ratio,
-                                        settings.mode, sel.decode)
-            shrink = num_layers / (num_layers - len(s.removed))
-            ideal = None if sel_ideal is None else shrink * sel_ideal
-            ideal_w = None if sel_ideal_w is None else shrink * sel_ideal_w
-        elif s.name in shares:  # a selection layer at the updated share u costs f_kv + (1 - f_kv) u of a dense one
-            ideal = ideal_w = ideal_speedup(s.kind, num_layers, len(s.layers), f_kv, shares[s.name], "prefill")
-        else:
-            ideal = ideal_speedup(s.kind, num_layers, len(s.layers), f_kv, sel.ratio, settings.mode, sel.decode,
-                                  cost)
-            ideal_w = ideal_speedup(s.kind, num_layers, len(s.layers), f_kv, sel.ratio, settings.mode, sel.decode)
-        # decode is bound by the bytes a step reads, and every method reads the whole LM head each step
-        ideal, ideal_w = with_fixed_share(ideal, head_share), with_fixed_share(ideal_w, head_share)
-        speedup = dense_t / st["median_s"] if dense_t else None
-        arch = Arch.from_config(model.config, num_layers)
-        if s.kind == "hybrid":
-            from orthorank.method.cost import hybrid_compute_sparsity
-
-            comp = hybrid_compute_sparsity(arch, settings.seq_len, len(s.removed), [sel.ratio] * len(s.layers))
-        else:
-            comp = compute_sparsity(arch, settings.seq_len, s.kind, len(s.layers), sel.ratio)
-        row = {
-            "method": s.name,
-            "kind": s.kind,
-            "layers": s.layers,
-            **({"removed_layers": s.removed} if s.kind == "hybrid" else {}),
-            "changed_layers": len(s.layers) + len(s.removed),
-            "layers_from": s.source,
-            "effective_sparsity": round(s.effective_sparsity(num_layers), 6),
-            "sparsity": {
-                "nominal": round(s.effective_sparsity(num_layers), 6),
-                "compute": round(comp, 6),
-                "compute_seq_len": settings.seq_len,
-                "measured_speedup": speedup,
-            },
-            "timing": st,
-            "tokens_per_s": tokens / st["median_s"],
-            "speedup_vs_dense": speedup,
-            # From the fastest run of each method: less sensitive to other load on a shared CPU.
-            "speedup_vs_dense_best_runs": dense_min / st["min_s"] if dense_min else None,
-            "throughput_vs_layer_removal": prune_t / st["median_s"] if prune_t else None,
-            "ideal_speedup": ideal,
-            "ideal_speedup_weights_only": ideal_w,
-            "pct_of_ideal": 100.0 * speedup / ideal if speedup and ideal else None,
-            # Share of the ideal *gain* reached, (speed-up - 1) / (ideal - 1): the stricter figure.
-            "pct_of_ideal_gain": (100.0 * (speedup - 1.0) / (ideal - 1.0)
-                                  if speedup and ideal and ideal > 1.0 + 1e-9 else None),
-            "memory": {**m.memory, **({"weights_mib": base_mib} if base_mib is not None else {})},
-        }
-        if bandwidth is not None:
-            # KV cache read at the timed steps' mean context
-            step = decode_step_bytes(model, s.removed_layers, settings.batch,
-                                     settings.seq_len + (settings.new_tokens + 1) // 2)
-            bound = decode_bound(step, settings.batch, bandwidth)
-            row["decode_bytes_per_step"] = step
-            row["bandwidth_bound_tokens_per_s"] = bound
-            row["pct_of_bandwidth_bound"] = 100.0 * row["tokens_per_s"] / bound
-            if s.kind in ("orthorank", "hybrid") and sel.decode != "dense":
-                row["bandwidth_bound_note"] = "as if every kept layer ran (bypassed steps read less): a lower bound"
-        if s.name in shares:
-            row["decoded_tokens_updated"] = shares[s.name]
-            row["ideal_note"] = "weights model at the share of decoded tokens the selection layers updated"
-        if s.kind in ("orthorank", "hybrid"):
-            row["selection"] = sel.to_dict()
-            row["ideal_selective_layer_cost"] = cost if cost is not None else selective_layer_cost(f_kv, sel.ratio)
-            row["ideal_selective_layer_cost_weights_only"] = selective_layer_cost(f_kv, sel.ratio)
-        rows.append(row)
+    arch = Arch.from_config(model.config, num_layers)
+    rows = [_method_row(model, m, stats[m.spec.name], settings, arch, num_layers, f_kv, head_share, shares,
+                        dense_t, prune_t, dense_min, tokens, base_mib, bandwidth) for m in measured]
     return {
         "mode": settings.mode,
         "batch": settings.batch,
@@ -417,6 +281,130 @@ def run_methods(model: nn.Module, specs: list[MethodSpec], settings: RunSettings
         "analysis": _implied_layer_cost(rows, num_layers) if settings.mode == "prefill" else None,
         **({"copy_bandwidth_gb_s": bandwidth / 1e9} if bandwidth is not None else {}),
     }
+
+
+def _method_row(model: nn.Module, m: "_Measured", st: dict[str, Any], settings: RunSettings, arch: Arch,
+                num_layers: int, f_kv: float, head_share: float, shares: dict[str, float], dense_t: float | None,
+                prune_t: float | None, dense_min: float | None, tokens: int, base_mib: float | None,
+                bandwidth: float | None) -> dict[str, Any]:
+    """One method's record: its timing against dense and layer removal, its ideal speed-ups (FLOPs and weights),
+    compute sparsity, memory and, for decode, the bandwidth bound."""
+    s = m.spec
+    sel = s.selection or SelectionConfig()
+    # prefill: FLOPs with attention at this prompt length; decode: weights (one new token per step)
+    cost = flop_layer_cost(model.config, settings.seq_len, sel.ratio) if settings.mode == "prefill" else None
+    if s.kind == "hybrid":  # removed layers cost nothing; selection layers as OrthoRank's
+        sel_ideal = ideal_speedup("orthorank", num_layers - len(s.removed), len(s.layers), f_kv, sel.ratio,
+                                  settings.mode, sel.decode, cost)
+        sel_ideal_w = ideal_speedup("orthorank", num_layers - len(s.removed), len(s.layers), f_kv, sel.ratio,
+                                    settings.mode, sel.decode)
+        shrink = num_layers / (num_layers - len(s.removed))
+        ideal = None if sel_ideal is None else shrink * sel_ideal
+        ideal_w = None if sel_ideal_w is None else shrink * sel_ideal_w
+    elif s.name in shares:  # a selection layer at the updated share u costs f_kv + (1 - f_kv) u of a dense one
+        ideal = ideal_w = ideal_speedup(s.kind, num_layers, len(s.layers), f_kv, shares[s.name], "prefill")
+    else:
+        ideal = ideal_speedup(s.kind, num_layers, len(s.layers), f_kv, sel.ratio, settings.mode, sel.decode,
+                              cost)
+        ideal_w = ideal_speedup(s.kind, num_layers, len(s.layers), f_kv, sel.ratio, settings.mode, sel.decode)
+    # decode is bound by the bytes a step reads, and every method reads the whole LM head each step
+    ideal, ideal_w = with_fixed_share(ideal, head_share), with_fixed_share(ideal_w, head_share)
+    speedup = dense_t / st["median_s"] if dense_t else None
+    arch = Arch.from_config(model.config, num_layers)
+    if s.kind == "hybrid":
+        comp = hybrid_compute_sparsity(arch, settings.seq_len, len(s.removed), [sel.ratio] * len(s.layers))
+    else:
+        comp = compute_sparsity(arch, settings.seq_len, s.kind, len(s.layers), sel.ratio)
+    row = {
+        "method": s.name,
+        "kind": s.kind,
+        "layers": s.layers,
+        **({"removed_layers": s.removed} if s.kind == "hybrid" else {}),
+        "changed_layers": len(s.layers) + len(s.removed),
+        "layers_from": s.source,
+        "effective_sparsity": round(s.effective_sparsity(num_layers), 6),
+        "sparsity": {
+            "nominal": round(s.effective_sparsity(num_layers), 6),
+            "compute": round(comp, 6),
+            "compute_seq_len": settings.seq_len,
+            "measured_speedup": speedup,
+        },
+        "timing": st,
+        "tokens_per_s": tokens / st["median_s"],
+        "speedup_vs_dense": speedup,
+        # From the fastest run of each method: less sensitive to other load on a shared CPU.
+        "speedup_vs_dense_best_runs": dense_min / st["min_s"] if dense_min else None,
+        "throughput_vs_layer_removal": prune_t / st["median_s"] if prune_t else None,
+        "ideal_speedup": ideal,
+        "ideal_speedup_weights_only": ideal_w,
+        "pct_of_ideal": 100.0 * speedup / ideal if speedup and ideal else None,
+        # Share of the ideal *gain* reached, (speed-up - 1) / (ideal - 1): the stricter figure.
+        "pct_of_ideal_gain": (100.0 * (speedup - 1.0) / (ideal - 1.0)
+                              if speedup and ideal and ideal > 1.0 + 1e-9 else None),
+        "memory": {**m.memory, **({"weights_mib": base_mib} if base_mib is not None else {})},
+    }
+    if bandwidth is not None:
+        # KV cache read at the timed steps' mean context
+        step = decode_step_bytes(model, s.removed_layers, settings.batch,
+                                 settings.seq_len + (settings.new_tokens + 1) // 2)
+        bound = decode_bound(step, settings.batch, bandwidth)
+        row["decode_bytes_per_step"] = step
+        row["bandwidth_bound_tokens_per_s"] = bound
+        row["pct_of_bandwidth_bound"] = 100.0 * row["tokens_per_s"] / bound
+        if s.kind in ("orthorank", "hybrid") and sel.decode != "dense":
+            row["bandwidth_bound_note"] = "as if every kept layer ran (bypassed steps read less): a lower bound"
+    if s.name in shares:
+        row["decoded_tokens_updated"] = shares[s.name]
+        row["ideal_note"] = "weights model at the share of decoded tokens the selection layers updated"
+    if s.kind in ("orthorank", "hybrid"):
+        row["selection"] = sel.to_dict()
+        row["ideal_selective_layer_cost"] = cost if cost is not None else selective_layer_cost(f_kv, sel.ratio)
+        row["ideal_selective_layer_cost_weights_only"] = selective_layer_cost(f_kv, sel.ratio)
+    return row
+
+
+def _time_methods(model: nn.Module, measured: list["_Measured"], settings: RunSettings, device: torch.device,
+                  log: Callable[[str], None]) -> None:
+    """Every method's timed runs (into each _Measured's times and memory), in interleaved rounds."""
+    try:
+        with torch.inference_mode():
+            # one workload per method where it holds per-plan state (a static cache and the step compiled for it)
+            # A static cache and a step compiled for one plan: each method decodes its own copy of the model with its
+            # plan applied once (re-applying a plan per round would invalidate the compiled graph in the timed part).
+            own = settings.mode == "decode" and settings.decode_impl != "eager"
+            models = {m.spec.name: _applied_copy(model, m.spec) if own else model for m in measured}
+            shared = None if own else _workload(model, settings, device)
+            works = {name: _workload(mm, settings, device) if own else shared for name, mm in models.items()}
+
+            by_name = {m.spec.name: m for m in measured}
+
+            def run_one(name: str) -> float:
+                m = by_name[name]
+                if not own:
+                    m.spec.apply(model)
+                try:
+                    reset_peak_memory(device)
+                    seconds = works[name]()
+                    for key, value in peak_memory(device).items():
+                        m.memory[key] = max(m.memory.get(key, 0.0), value)
+                    return seconds
+                finally:
+                    if not own:
+                        restore_dense(model)
+
+            names = list(by_name)
+            # compiling is never timed; the warm-up's memory is released before the timed rounds
+            interleaved_rounds(names, run_one, repeats=0, warmup=max(settings.warmup, 1 if own else 0))
+            for m in measured:
+                m.memory.clear()
+            _release(device)
+            times = interleaved_rounds(names, run_one, settings.repeats, warmup=0, on_round=lambda r, t: log(
+                f"  round {r + 1}/{settings.repeats}: " + ", ".join(f"{n} {t[n][-1] * 1e3:.1f} ms" for n in names)))
+            for m in measured:
+                m.times.extend(times[m.spec.name])
+    finally:
+        restore_dense(model)
+        _release(device)
 
 
 def _implied_layer_cost(rows: list[dict[str, Any]], num_layers: int) -> dict[str, Any] | None:
@@ -450,9 +438,6 @@ def run_layer(model: nn.Module, selection: SelectionConfig, settings: RunSetting
               log: Callable[[str], None] = print) -> dict[str, Any]:
     """Time one dense decoder layer against the same layer wrapped as a selection layer, and the selection step
     (scoring alone, scoring + top-K) alone, on random hidden states with no padding and no cache."""
-    from orthorank.method.attention import SPLIT_MIN_KEYS, query_chunks
-    from orthorank.method.layer import SelectiveLayer, SequenceContext
-    from orthorank.method.selection import keep_count, keep_to_indices, sink_scores
 
     adapter = get_adapter(model)
     restore_dense(model)
@@ -498,15 +483,10 @@ def run_layer(model: nn.Module, selection: SelectionConfig, settings: RunSetting
             "scoring": lambda: sink_scores(src, sink, selection.criterion),
             "scoring_and_topk": select,
         }
-        for fn in fns.values():
-            for _ in range(settings.warmup):
-                fn()
-        times: dict[str, list[float]] = {k: [] for k in fns}
-        for r in range(settings.repeats):
-            for name, fn in fns.items():
-                times[name].append(time_call(fn, device))
-            log(f"  round {r + 1}/{settings.repeats}: dense {times['dense_layer'][-1] * 1e3:.1f} ms, "
-                f"selective {times['selective_layer'][-1] * 1e3:.1f} ms")
+        times = interleaved_rounds(
+            list(fns), lambda name: time_call(fns[name], device), settings.repeats, settings.warmup, rotate=False,
+            on_round=lambda r, t: log(f"  round {r + 1}/{settings.repeats}: dense {t['dense_layer'][-1] * 1e3:.1f} "
+                                      f"ms, selective {t['selective_layer'][-1] * 1e3:.1f} ms"))
         prof = None
         if profile:
             try:
@@ -561,9 +541,6 @@ def _attention_alone(cfg, selected, T: int, wrapper, dtype: torch.dtype, device:
     causal kernel over every query, the masked SDPA over the selected queries as selection layers run it, and the
     prefix/diagonal split (method/attention_split.py) where this torch has its kernel. Empty when a layer shape has
     no separate K/V heads (nothing to time)."""
-    from orthorank.method import attention_split
-    from orthorank.method.attention import _sdpa, query_chunks
-    from orthorank.method.cost import Arch
 
     if selected is None or device.type != "cpu":
         return {}
@@ -589,9 +566,7 @@ def _attention_alone(cfg, selected, T: int, wrapper, dtype: torch.dtype, device:
 
 
 def _bmm_flag() -> bool | None:
-    from orthorank.method import selection
-
-    return getattr(selection, "_BMM_OUT_DTYPE_OK", None)
+    return orthogonality.BMM_OUT_DTYPE_OK
 
 
 # Operator families of a layer's profile, by aten name (self time: a composite op such as aten::linear counts only
@@ -619,7 +594,7 @@ def profile_families(fn: Callable[[], Any], device: torch.device, calls: int = 1
     """fn's operator table (its first profiled call), its self time per operator family in ms and its wall time
     in ms, each the mean of `calls` profiled calls. Time between operators (Python, dispatch, and the profiler's
     own bookkeeping, since the wall time is taken under the profiler) is in no family."""
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity, profile  # lazily: only a profiled bench run needs it
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"

@@ -2,7 +2,8 @@
 
 Modes: prefill (one forward over B x T tokens, logits for the last position only), decode (greedy steps after an
 untimed prompt of T tokens, with the KV cache), layer (one decoder layer alone, dense vs selective, plus the
-selection step alone). --mode and --batch take comma-separated lists; every combination is run on one loaded model.
+selection step alone). --mode, --batch-size and --seq-len take comma-separated lists; every combination is run on one
+loaded model.
 """
 
 from __future__ import annotations
@@ -12,13 +13,13 @@ import os
 
 import torch
 
-from orthorank.bench.costmodel import flop_layer_cost, kv_fraction, selective_layer_cost
+from orthorank.runtime.costmodel import flop_layer_cost, kv_fraction, selective_layer_cost
 from orthorank.bench.report import format_run
 from orthorank.method.cost import Arch
-from orthorank.methods import METHODS, get_method
+from orthorank.method.registry import METHODS, get_method
 from orthorank.bench.runner import MODES, RunSettings, method_specs, run_layer, run_methods
 from orthorank.cli.common import (
-    add_model_args, add_output_args, add_selection_args, check_memory, finite_float, load_from_args,
+    add_model_args, add_output_args, add_selection_args, check_memory, deprecated, finite_float, load_from_args,
     non_negative_int, positive_int, selection_from_args,
 )
 from orthorank.errors import UserError
@@ -38,23 +39,26 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_args(p)
     p.add_argument("--num-layers", type=positive_int, default=None,
-                   help="shrink a random-weight shape (llama2-7b, llama3-8b, mistral-7b, ...) to this many layers")
+                   help="shrink a random-weight shape (llama2-7b, llama3-8b, mistral-7b, ...) to this many layers "
+                        "(default: the shape's own count)")
     p.add_argument("--methods", type=lambda t: _list(str, t), default=["dense", "spread-prune", "spread-orthorank"],
                    help=f"comma-separated, from {', '.join(METHODS)}: searched methods use their saved plan at "
                         "--sparsity (or --plan), spread-* spread their layers evenly (any shape; default "
                         "dense,spread-prune,spread-orthorank)")
     p.add_argument("--sparsity", type=finite_float, default=0.2,
-                   help="target sparsity: picks the saved plans of searched methods and the layer count of spread-* (default 0.2)")
+                   help="target sparsity: picks the saved plans of searched methods and the layer count of spread-* "
+                        "(default %(default)s)")
     p.add_argument("--plan", action="append", default=[],
-                   help="plan file overriding the layers of its method (orthorank or prune); may repeat")
+                   help="plan file overriding the layers of its method (orthorank or prune); may repeat (default: "
+                        "none, the plans --methods and --sparsity pick)")
     p.add_argument("--mode", type=lambda t: _list(str, t), default=["prefill"],
                    help="prefill, decode, layer, or a comma-separated list (default prefill)")
-    p.add_argument("--batch", type=lambda t: _list(positive_int, t), default=[1],
+    p.add_argument("--batch-size", dest="batch", type=lambda t: _list(positive_int, t), default=[1],
                    help="batch size, or a comma-separated list (default 1)")
     p.add_argument("--seq-len", type=lambda t: _list(positive_int, t), default=[1024],
                    help="tokens per row, or a comma-separated list (default 1024)")
-    p.add_argument("--decode-batch", type=lambda t: _list(positive_int, t), default=None,
-                   help="decode mode's batch sizes, if other than --batch")
+    p.add_argument("--decode-batch-size", dest="decode_batch", type=lambda t: _list(positive_int, t), default=None,
+                   help="decode mode's batch sizes, if other than --batch-size (default: those of --batch-size)")
     p.add_argument("--prompt-len", type=positive_int, default=None,
                    help="decode mode: untimed prompt tokens before the timed steps (default --seq-len)")
     p.add_argument("--new-tokens", type=positive_int, default=32, help="decode steps timed per run (default 32)")
@@ -68,21 +72,25 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cache", action="store_true", help="prefill: fill a KV cache, as generation does")
     p.add_argument("--fit-batch", action="store_true",
                    help="on CUDA out-of-memory, halve the batch and retry (the batch used is recorded)")
-    p.add_argument("--layer-index", type=int, default=None, help="layer mode: which layer (default: middle)")
+    p.add_argument("--layer-index", type=int, default=None, help="layer mode: which layer (default: the middle one)")
     p.add_argument("--profile", action="store_true", help="layer mode: print a profiler table per layer type")
     p.add_argument("--cost-table", default=None, metavar="FILE",
                    help="instead of the modes above, measure this device's cost table for hybrid plans and write it "
                         "to FILE: one dense decoder layer, a selective layer at each of --ratios, and the rest of the "
-                        "model, at --batch x --seq-len (`orthorank calibrate --method hybrid` reads it)")
+                        "model, at --batch-size x --seq-len (`orthorank calibrate --method hybrid` reads it; default: "
+                        "none, run the modes)")
     p.add_argument("--ratios", default=None, help="cost table: selection ratios to measure (default 0.25,0.33,0.5)")
     p.add_argument("--cost-layers", default=None,
                    help="cost table: layers to time (comma-separated or 'all'; default the middle one, since "
                         "layers of one model have the same shape)")
     p.add_argument("--policies", default=None, metavar="SPECS",
                    help="add OrthoRank rows on the same layers with other selection or decode policies, timed side "
-                        "by side: comma-separated NAME[+recent=W][+first=W][+decode=MODE], e.g. +decode=threshold")
+                        "by side: comma-separated NAME[+recent=W][+first=W][+decode=MODE], e.g. +decode=threshold "
+                        "(default: none, the plan's own policy only)")
     add_selection_args(p)
     add_output_args(p)
+    deprecated(p, "--batch-size", "--batch")
+    deprecated(p, "--decode-batch-size", "--decode-batch")
     p.set_defaults(func=run)
 
 
@@ -121,12 +129,12 @@ def _oom_types() -> tuple[type[BaseException], ...]:
 
 
 def run_cost_table(args) -> int:
-    from orthorank.bench.cost_table import DEFAULT_RATIOS, format_cost_table, measure_cost_table, parse_ratios
+    from orthorank.runtime.cost_table import DEFAULT_RATIOS, format_cost_table, measure_cost_table, parse_ratios
     from orthorank.method.plan import parse_layers
 
     ratios = parse_ratios(args.ratios if args.ratios is not None else list(DEFAULT_RATIOS))
     if len(args.batch) != 1 or len(args.seq_len) != 1:
-        raise UserError("--cost-table takes one --batch and one --seq-len")
+        raise UserError("--cost-table takes one --batch-size and one --seq-len")
     if args.warmup < 0:
         raise UserError("--warmup must be 0 or more")
     if args.json_out:

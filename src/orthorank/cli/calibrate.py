@@ -11,24 +11,24 @@ from pathlib import Path
 import torch
 
 from orthorank.search.registry import get_search
-from orthorank.methods import METHODS, searched
+from orthorank.method.registry import METHODS, searched
 from orthorank.search.layer_search import StackRunner
 from orthorank.search.calibration import (DEFAULT_CALIB_BATCH, DEFAULT_CALIB_DATA, DEFAULT_CALIB_SEQ_LEN,
                                          DEFAULT_CALIB_TOKENS)
 from orthorank.search.racing import ALPHA
 from orthorank.cli.calibration_options import (
-    calibration_samples, check_calibration_source, match_rules, parse_sparsities, screen_batches, token_count,
+    calibration_samples, check_calibration_source, match_rules, parse_sparsities, router_base, screen_batches,
+    token_count,
 )
 from orthorank.cli.common import (
-    add_model_args, add_selection_args, add_store_args, check_memory, finite_float, load_from_args, positive_int,
-    selection_from_args, store_from_args,
+    DATA_DIR_HELP, add_model_args, add_selection_args, add_store_args, check_memory, deprecated, finite_float,
+    load_from_args, positive_int, selection_from_args, store_from_args,
 )
 from orthorank.errors import UserError
 from orthorank.models.loading import check_context
 from orthorank.method.apply import restore_dense
 from orthorank.method.cost import Arch, compute_sparsity, ratio_to_match
 from orthorank.method.plan import DEFAULT_COST_SEQ_LEN, Plan, layers_for_sparsity
-from orthorank.method.selection import SelectionConfig
 from orthorank.method.plan_store import plan_file_method, sparsity_label
 from orthorank.results import check_writable
 
@@ -40,29 +40,36 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--method", required=True, choices=searched(),
                    help="orthorank-nominal is orthorank with --match nominal; hybrid needs --cost-table")
     p.add_argument("--sparsity", default=None, help="one value or a list, e.g. 0.1,0.2 (greedy runs once); for "
-                   "hybrid: the predicted speed-up of removing ceil(s L) layers on the cost table")
+                   "hybrid: the predicted speed-up of removing ceil(s L) layers on the cost table (default: none; "
+                   "every method needs it, hybrid needs it or --target-speedup)")
     p.add_argument("--target-speedup", default=None,
-                   help="hybrid: predicted prefill speed-up(s) to reach, e.g. 1.1,1.25 (one search, one plan each)")
+                   help="hybrid: predicted prefill speed-up(s) to reach, e.g. 1.1,1.25 (one search, one plan each; "
+                        "default: none, --sparsity names the levels)")
     p.add_argument("--cost-table", default=None, metavar="FILE",
-                   help="hybrid: this device's cost table, from `orthorank bench --cost-table FILE`")
+                   help="hybrid: this device's cost table, from `orthorank bench --cost-table FILE` (default: none; "
+                        "--method hybrid needs it)")
     p.add_argument("--ratios", default=None,
                    help="hybrid: selection ratios the search may use (default: every ratio on the cost table)")
     add_selection_args(p)
     p.add_argument("--router", default=None, metavar="BANK",
                    help="with --policy router: a router bank (`orthorank fit-router --layers inner`) covering every "
-                        "candidate layer; the plans found keep it, refit them on their own layers with fit-router")
+                        "candidate layer; the plans found keep it, refit them on their own layers with fit-router "
+                        "(default: none; --policy router needs it)")
     p.add_argument("--calib-data", default=DEFAULT_CALIB_DATA,
                    help="calibration text: a domain's held-out part (c4, wikitext2, news, code), mix (equal tokens "
                         "of c4, wikitext2, news and code) or mix:A+B, wikitext2-train (hub), or a text file "
                         "(default %(default)s: the source whose plans lose least on their worst evaluation domain, "
                         "docs/transfer.md)")
-    p.add_argument("--data-dir", default=None)
-    p.add_argument("--calib-samples", type=positive_int, default=None, help="calibration windows of --seq-len")
+    p.add_argument("--data-dir", default=None, help=DATA_DIR_HELP)
+    p.add_argument("--calib-samples", type=positive_int, default=None,
+                   help="calibration windows of --seq-len (default: --calib-tokens / --seq-len)")
     p.add_argument("--calib-tokens", type=token_count, default=None,
                    help=f"calibration size in tokens, e.g. 8K or 32768 (sets --calib-samples to this / --seq-len; "
                         f"default {DEFAULT_CALIB_TOKENS // 1024}K)")
-    p.add_argument("--seq-len", type=positive_int, default=DEFAULT_CALIB_SEQ_LEN, help="calibration window length")
-    p.add_argument("--batch-size", type=positive_int, default=DEFAULT_CALIB_BATCH)
+    p.add_argument("--seq-len", type=positive_int, default=DEFAULT_CALIB_SEQ_LEN,
+                   help="calibration window length (default %(default)s)")
+    p.add_argument("--batch-size", type=positive_int, default=DEFAULT_CALIB_BATCH,
+                   help="calibration windows per forward (default %(default)s)")
     p.add_argument("--match", default="compute", type=match_rules,
                    help="OrthoRank plans for a sparsity: compute (default: the fewest selection layers that reach "
                         "pruning's compute sparsity at --cost-seq-len, with the keep ratio raised until the two are "
@@ -70,7 +77,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "pruning's on this machine) or nominal (the paper's round(s L / (1 - r)) layers); several "
                         "comma-separated")
     p.add_argument("--cost-seq-len", type=positive_int, default=DEFAULT_COST_SEQ_LEN,
-                   help="sequence length at which compute sparsity is counted (the evaluation length)")
+                   help="sequence length at which compute sparsity is counted (the evaluation length; default "
+                        "%(default)s)")
     p.add_argument("--screen-fraction", type=finite_float, default=None,
                    help="greedy searches race: every candidate is scored on this share of the calibration batches "
                         "first, those clearly worse than the leader (paired t-test per window) are dropped and the "
@@ -82,17 +90,22 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "only the paired test drops candidates; each kept one costs a pass over every batch)")
     p.add_argument("--measure-speed", type=int, default=5, metavar="N",
                    help="time one prefill of --cost-seq-len tokens under each plan and dense, N interleaved repeats, "
-                        "and record the measured speed-up in the plan (0: do not time; --match speed needs N >= 3)")
+                        "and record the measured speed-up in the plan (0: do not time; --match speed needs N >= 3; "
+                        "default %(default)s)")
     add_store_args(p)
     out = p.add_mutually_exclusive_group(required=True)
-    out.add_argument("-o", "--output", help="plan file (one sparsity)")
-    out.add_argument("--out-dir", help="folder for <method>-<sparsity>.json, one per sparsity")
-    p.add_argument("--overwrite", action="store_true")
+    out.add_argument("--out", metavar="DIR",
+                     help="folder for <method>-<sparsity>.json, one per sparsity (required: --out or --json)")
+    deprecated(p, "--out", "--out-dir")
+    out.add_argument("--json", dest="json_out", metavar="FILE",
+                     help="one plan file, for one sparsity (required: --out or --json)")
+    deprecated(p, "--json", "-o", "--output")
+    p.add_argument("--overwrite", action="store_true", help="replace existing plan files")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
-    if args.method in ("hybrid", "orthorank-ratios"):
+    if get_search(METHODS[args.method].search).per_layer:
         from orthorank.cli.calibrate_hybrid import run_hybrid
 
         return run_hybrid(args)
@@ -106,9 +119,9 @@ def run(args) -> int:
     args.method = method.search
     search = get_search(method.search)
     sparsities = parse_sparsities(args.sparsity, search=True)
-    if args.output and len(sparsities) > 1:
-        raise UserError("-o takes one sparsity; use --out-dir for several")
-    selection = selection_from_args(args, _router_base(args))
+    if args.json_out and len(sparsities) > 1:
+        raise UserError("--json takes one sparsity; use --out DIR for several")
+    selection = selection_from_args(args, router_base(args))
     if search.plan_method == "orthorank" and selection.ratio >= 1.0:
         raise UserError("ratio 1.0 skips no work; choose a ratio below 1")
     rules = args.match if search.plan_method == "orthorank" else ["compute"]
@@ -117,10 +130,10 @@ def run(args) -> int:
     if args.measure_speed < 0:
         raise UserError(f"--measure-speed must be 0 or more, got {args.measure_speed}")
     jobs = [(rule, s) for rule in rules for s in sparsities]
-    if args.output and len(jobs) > 1:
-        raise UserError("-o takes one sparsity and one --match rule; use --out-dir for several")
-    outputs = [Path(args.output)] if args.output else [
-        Path(args.out_dir) / f"{plan_file_method(args.method, rule)}-{sparsity_label(s)}.json" for rule, s in jobs]
+    if args.json_out and len(jobs) > 1:
+        raise UserError("--json takes one sparsity and one --match rule; use --out DIR for several")
+    outputs = [Path(args.json_out)] if args.json_out else [
+        Path(args.out) / f"{plan_file_method(args.method, rule)}-{sparsity_label(s)}.json" for rule, s in jobs]
     for path in outputs:
         check_writable(path, args.overwrite)
     samples = calibration_samples(args)
@@ -220,27 +233,10 @@ def run(args) -> int:
     return 0
 
 
-def _router_base(args) -> SelectionConfig | None:
-    """--policy router searches under a router bank (`fit-router --layers inner`): its fitted state, or None."""
-    from orthorank.method.policies import FITTED, get_policy
-
-    if args.policy is None or FITTED not in get_policy(args.policy).needs:
-        if args.router:
-            raise UserError("--router gives the router policy's fitted state: add --policy router")
-        return None
-    if not args.router:
-        raise UserError("--policy router searches under fitted routers: give --router BANK (a plan from "
-                        "`orthorank fit-router --layers inner`) whose routers cover every candidate layer")
-    bank = Plan.load(args.router)
-    if bank.selection is None or bank.selection.fitted is None:
-        raise UserError(f"{args.router} holds no fitted router")
-    return SelectionConfig(policy=args.policy, fitted=bank.selection.fitted)
-
-
 def _time_plans(lm, plans: list[Plan], jobs, counts, args, base_ratio: float, say) -> None:
     """Measured prefill speed-up of every plan (and, for --match speed, the keep ratio that equals pruning's)."""
-    from orthorank.bench.matching import match_speed, measured_speedups, with_ratio
-    from orthorank.bench.costmodel import spread_layers
+    from orthorank.runtime.matching import match_speed, measured_speedups, with_ratio
+    from orthorank.runtime.costmodel import spread_layers
 
     T = min(args.cost_seq_len, int(getattr(lm.config, "max_position_embeddings", None) or args.cost_seq_len))
     gen = torch.Generator().manual_seed(args.seed)

@@ -51,9 +51,9 @@ def _table_targets(args, table, parse_ratios, parse_sparsities, check_targets, s
         targets = sorted(levels)
         names = {t: [f"hybrid-{sparsity_label(s)}.json" for s in levels[t]] for t in targets}
     check_targets(targets, table, candidates)
-    if args.output and sum(len(v) for v in levels.values()) > 1:
-        raise UserError("-o takes one level; use --out-dir for several")
-    outputs = {t: [Path(args.output)] if args.output else [Path(args.out_dir) / n for n in names[t]]
+    if args.json_out and sum(len(v) for v in levels.values()) > 1:
+        raise UserError("--json takes one level; use --out DIR for several")
+    outputs = {t: [Path(args.json_out)] if args.json_out else [Path(args.out) / n for n in names[t]]
                for t in targets}
     for paths in outputs.values():
         for path in paths:
@@ -69,9 +69,10 @@ def run_hybrid(args) -> int:
     model, no removals, the last move's ratio set so that the compute equals pruning's exactly)."""
     from orthorank import distributed as dist
     from orthorank.search.calibration import calibration_set
-    from orthorank.search.hybrid import check_targets, hybrid_search, match_exactly
+    from orthorank.search.hybrid import check_targets, match_exactly
+    from orthorank.search.registry import get_search
     from orthorank.search.layer_search import StackRunner
-    from orthorank.bench.cost_table import CostTable, FlopCostTable, device_description, parse_ratios
+    from orthorank.runtime.cost_table import CostTable, FlopCostTable, device_description, parse_ratios
     from orthorank.cli.calibration_options import parse_sparsities
     from orthorank.cli.common import check_memory, load_from_args, selection_from_args
     from orthorank.method.apply import restore_dense
@@ -103,15 +104,18 @@ def run_hybrid(args) -> int:
         ratios = parse_ratios(args.ratios) if args.ratios is not None else list(DEFAULT_LAYER_RATIOS)
         sparsities = parse_sparsities(args.sparsity, search=True)
         names = {s: f"orthorank-ratios-{sparsity_label(s)}.json" for s in sparsities}
-        if args.output and len(sparsities) > 1:
-            raise UserError("-o takes one sparsity; use --out-dir for several")
+        if args.json_out and len(sparsities) > 1:
+            raise UserError("--json takes one sparsity; use --out DIR for several")
         for s in sparsities:
-            check_writable(Path(args.output) if args.output else Path(args.out_dir) / names[s], args.overwrite)
+            check_writable(Path(args.json_out) if args.json_out else Path(args.out) / names[s], args.overwrite)
     else:
         table = CostTable.load(args.cost_table)  # a missing or garbled table fails before the model loads
         ratios, levels, names, targets, outputs = _table_targets(args, table, parse_ratios, parse_sparsities,
                                                                  check_targets, sparsity_label, REMOVE)
 
+    from orthorank.cli.calibration_options import router_base
+
+    router_base = router_base(args)  # a missing or broken --router bank fails before the model loads
     dist.init(args.device)
     from orthorank.cli.calibration_options import calibration_samples, check_calibration_source, screen_batches
 
@@ -132,16 +136,14 @@ def run_hybrid(args) -> int:
                 raise UserError(f"sparsity {s:g} removes no layer of {L}; it names no compute target")
             levels.setdefault(table.predicted_speedup({i: REMOVE for i in range(removed)}), []).append(s)
         targets = sorted(levels)
-        outputs = {t: [Path(args.output)] if args.output else [Path(args.out_dir) / names[s] for s in levels[t]]
+        outputs = {t: [Path(args.json_out)] if args.json_out else [Path(args.out) / names[s] for s in levels[t]]
                    for t in targets}
         check_targets(targets, table, list(range(1, L - 1)), ratios, remove=False)
     else:
         table.check_model(lm.name, lm.signature())
         table.check_device(device_description(lm.device))
     candidates = list(range(1, table.num_layers - 1))  # first and last layer are never touched (as in SLEB)
-    from orthorank.cli.calibrate import _router_base
-
-    selection = selection_from_args(args, _router_base(args))
+    selection = selection_from_args(args, router_base)
     calib = calibration_set(lm.tokenizer, args.calib_data, samples, args.seq_len, args.seed, args.data_dir)
     check_context(lm.model, args.seq_len)
     check_memory(lm, args.batch_size, args.seq_len, args.method, loss=True)
@@ -231,9 +233,9 @@ def run_hybrid(args) -> int:
         settings["remove"] = False
     checkpoint = Checkpoint.open(store_from_args(args), runner, args.method, settings, code="hybrid-search")
     try:
-        result = hybrid_search(runner, table, targets, ratios, candidates, selection, progress=True,
-                               screen_batches=screen, recheck=args.recheck, log=say, on_reached=write,
-                               checkpoint=checkpoint, remove=not ratios_mode)
+        result = get_search(args.method).run(runner, table, targets, ratios, candidates, selection, progress=True,
+                                             screen_batches=screen, recheck=args.recheck, log=say,
+                                             on_reached=write, checkpoint=checkpoint)
     except KeyboardInterrupt:
         where = f"in {checkpoint.folder}" if checkpoint.folder is not None else "nowhere (--no-store)"
         print(f"orthorank calibrate: interrupted; {checkpoint.resumed + checkpoint.written} finished step entries "

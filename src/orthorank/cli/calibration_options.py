@@ -7,7 +7,9 @@ import argparse
 import math
 
 from orthorank.errors import UserError, number_list
-from orthorank.method.plan import MATCH_RULES, check_sparsity
+from orthorank.method.plan import MATCH_RULES, Plan, check_sparsity
+from orthorank.method.policies import FITTED, get_policy
+from orthorank.method.selection import SelectionConfig
 from orthorank.search.calibration import DEFAULT_CALIB_TOKENS, FIRST_RACE_TOKENS
 
 
@@ -77,3 +79,18 @@ def check_calibration_source(source: str, data_dir) -> None:
     for name in parse_mix(source) or [source]:
         if name != "wikitext2-train":
             load_calibration_part(name, data_dir)
+
+
+def router_base(args) -> SelectionConfig | None:
+    """--policy router searches under a router bank (`fit-router --layers inner`): its fitted state, or None."""
+    if args.policy is None or FITTED not in get_policy(args.policy).needs:
+        if args.router:
+            raise UserError("--router gives the router policy's fitted state: add --policy router")
+        return None
+    if not args.router:
+        raise UserError("--policy router searches under fitted routers: give --router BANK (a plan from "
+                        "`orthorank fit-router --layers inner`) whose routers cover every candidate layer")
+    bank = Plan.load(args.router)
+    if bank.selection is None or bank.selection.fitted is None:
+        raise UserError(f"{args.router} holds no fitted router")
+    return SelectionConfig(policy=args.policy, fitted=bank.selection.fitted)

@@ -12,20 +12,24 @@ from pathlib import Path
 from orthorank import distributed as dist
 from orthorank.cli.calibration_options import parse_sparsities
 from orthorank.cli.common import (
-    add_model_args, add_store_args, check_memory, load_from_args, non_negative_int, positive_int, store_from_args,
+    DATA_DIR_HELP, add_model_args, add_store_args, check_memory, expected_model_name, load_from_args,
+    non_negative_int, positive_int, saved_plan_file, store_from_args,
 )
 from orthorank.errors import UserError, comma_items
 from orthorank.evaluation.compare import (
-    Row, ablation_plans, comparison_table, policy_plans, comparisons, dataset_stream, evaluate_rows, markdown_table,
-    frontier_points, headroom_table, headrooms, measure_speedups, plot_ppl, worst_domain_table, worst_domains,
+    Row, ablation_plans, comparisons, dataset_stream, evaluate_rows, headrooms, measure_speedups, policy_plans,
+    worst_domains,
+)
+from orthorank.presentation.compare_tables import (
+    comparison_table, frontier_points, headroom_table, markdown_table, plot_ppl, worst_domain_table,
 )
 from orthorank.evaluation.data import DATASETS, load_eval_part
 from orthorank.evaluation.perplexity import make_windows
 from orthorank.method.cost import Arch
 from orthorank.method.plan import MATCH_RULES, Plan
-from orthorank.method.plan_store import find_plan, plan_file_method, sparsity_label
+from orthorank.method.plan_store import plan_file_method
 from orthorank.method.policies import parse_variants
-from orthorank.methods import METHODS as _REGISTRY
+from orthorank.method.registry import METHODS as _REGISTRY
 from orthorank.models.loading import check_context
 from orthorank.results import atomic_write_text, check_writable, write_json
 
@@ -43,17 +47,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                                    "(--store), so an interrupted run resumes where it stopped.")
     add_model_args(p)
     p.add_argument("--methods", default="dense,sleb,shortened-ppl,shortgpt,orthorank",
-                   help=f"comma-separated, from {', '.join(METHODS)}")
-    p.add_argument("--sparsity", default="0.1,0.2")
+                   help=f"comma-separated, from {', '.join(METHODS)} (default %(default)s)")
+    p.add_argument("--sparsity", default="0.1,0.2", help="levels, comma-separated (default %(default)s)")
     p.add_argument("--datasets", default="wikitext2,c4",
-                   help=f"comma-separated: domains {', '.join(DATASETS)}, or paths to UTF-8 text files")
-    p.add_argument("--data-dir", default=None)
-    p.add_argument("--seq-len", type=positive_int, default=2048)
-    p.add_argument("--max-windows", type=positive_int, default=None, help="bound the windows per dataset")
+                   help=f"comma-separated: domains {', '.join(DATASETS)}, or paths to UTF-8 text files (default "
+                        "%(default)s)")
+    p.add_argument("--data-dir", default=None, help=DATA_DIR_HELP)
+    p.add_argument("--seq-len", type=positive_int, default=2048, help="tokens per window (default %(default)s)")
+    p.add_argument("--max-windows", type=positive_int, default=None,
+                   help="bound the windows per dataset (default: every window, stopping before the first one that "
+                        "shares text with a plan's calibration windows)")
     p.add_argument("--skip-windows", type=non_negative_int, default=0,
                    help="start after this many windows of each dataset: a slice disjoint from one evaluated before "
-                        "(for checking a choice made on the first windows)")
-    p.add_argument("--batch-size", type=positive_int, default=1)
+                        "(for checking a choice made on the first windows; default %(default)s)")
+    p.add_argument("--batch-size", type=positive_int, default=1, help="windows per forward (default %(default)s)")
     p.add_argument("--plans-dir", default=None,
                    help="folder of <method>-<sparsity>.json plans (default: plans/<model>/ here or in the repository)")
     p.add_argument("--match", choices=MATCH_RULES, default="compute",
@@ -68,21 +75,26 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--policies", default=None, metavar="SPECS",
                    help="add OrthoRank rows with other selection policies on the same layers and ratio (equal "
                         "compute): comma-separated NAME[+recent=W][+first=W][+decode=MODE], e.g. norm,attention,oracle,"
-                        "orthogonal+recent=64; with random and oracle, a headroom table")
+                        "orthogonal+recent=64; with random and oracle, a headroom table (default: none)")
     p.add_argument("--measure-speed", type=non_negative_int, default=0, metavar="N",
-                   help="also time one prefill window per row, N interleaved repeats, for the measured speed-up")
+                   help="also time one prefill window per row, N interleaved repeats, for the measured speed-up "
+                        "(default %(default)s: no timing)")
     p.add_argument("--continuation", action="store_true",
                    help="score each window's second half decoded one token at a time through the KV cache after a "
                         "prefill of its first half, so decode policies count (add rows with --policies "
                         "+decode=threshold); default: whole windows in one forward, as the paper")
     p.add_argument("--no-ppl", action="store_true", help="skip perplexity (zero-shot only)")
     p.add_argument("--zeroshot", action="store_true", help="add zero-shot accuracy tables (harness tasks)")
-    p.add_argument("--tasks", default="piqa,winogrande,hellaswag,arc_easy,arc_challenge")
-    p.add_argument("--limit", type=positive_int, default=None, help="zero-shot examples per task")
-    p.add_argument("--zeroshot-batch-size", type=positive_int, default=16)
+    p.add_argument("--tasks", default="piqa,winogrande,hellaswag,arc_easy,arc_challenge",
+                   help="zero-shot harness tasks, comma-separated (default %(default)s)")
+    p.add_argument("--limit", type=positive_int, default=None,
+                   help="zero-shot examples per task (default: every example)")
+    p.add_argument("--zeroshot-batch-size", type=positive_int, default=16,
+                   help="zero-shot rows per forward (default %(default)s)")
     add_store_args(p)
-    p.add_argument("--out", default="results/compare", help="folder for compare.json, compare.md, compare.png")
-    p.add_argument("--overwrite", action="store_true")
+    p.add_argument("--out", default="results/compare", metavar="DIR",
+                   help="folder for compare.json, compare.md, compare.png (default %(default)s)")
+    p.add_argument("--overwrite", action="store_true", help="replace existing output files")
     p.set_defaults(func=run)
 
 
@@ -159,14 +171,13 @@ def calibration_overlap(tokenizer, rows: list[Row], windows: dict, data_dir,
     return out, windows
 
 
-def _plan_path(lm, label: str, sparsity: float, plans_dir: str | None) -> Path:
-    if plans_dir is None:
-        return find_plan(lm.name, label, sparsity)
-    path = Path(plans_dir) / f"{label}-{sparsity_label(sparsity)}.json"
-    if not path.is_file():
-        raise UserError(f"no {label} plan at sparsity {sparsity_label(sparsity)} in {plans_dir} (looked for {path}); "
-                        f"run `orthorank calibrate --out-dir {plans_dir}` first")
-    return path
+def _check_saved_plans(args, methods: list[str], sparsities: list[float]) -> None:
+    """Every plan the rows need, found and read before the model loads."""
+    model_name = expected_model_name(args.model)
+    for method in methods:
+        if method != "dense":
+            for s in sparsities:
+                saved_plan_file(model_name, plan_file_method(method, args.match), s, args.plans_dir)
 
 
 def build_rows(lm, methods: list[str], sparsities: list[float], ablations: bool, match: str = "compute",
@@ -179,7 +190,7 @@ def build_rows(lm, methods: list[str], sparsities: list[float], ablations: bool,
             continue
         label = plan_file_method(method, match)
         for s in sparsities:
-            plan = Plan.load(_plan_path(lm, label, s, plans_dir))
+            plan = Plan.load(saved_plan_file(lm.name, label, s, plans_dir, check=False))
             plan.check_model(lm.name, lm.signature())
             rows.append(Row(label, s, plan))
             if ablations and method == "orthorank" and (ablation_levels is None or s in ablation_levels):
@@ -215,6 +226,7 @@ def run(args) -> int:
     for name in ("compare.json", "compare.md", "compare.png"):
         check_writable(out / name, args.overwrite)
     parts = {d: load_eval_part(d, args.data_dir) for d in datasets}
+    _check_saved_plans(args, methods, sparsities)
     dist.init(args.device)
     args.device = dist.local_device(args.device)
     lm = load_from_args(args)
@@ -329,7 +341,7 @@ def run(args) -> int:
         plot = plot_ppl(rows, datasets, out / "compare.png", arch, args.seq_len)
         msg += f"; plot: {plot}"
         if args.measure_speed:  # perplexity against the speed-up measured in this run, every row a point
-            from orthorank.analysis.frontier import plot_frontier
+            from orthorank.presentation.frontier import plot_frontier
 
             frontier = plot_frontier(frontier_points(rows, datasets), datasets, out / "frontier.png",
                                      f"{lm.name}, windows of {args.seq_len} tokens")

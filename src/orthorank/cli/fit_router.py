@@ -12,7 +12,8 @@ from pathlib import Path
 
 from orthorank.cli.calibration_options import check_calibration_source
 from orthorank.cli.common import (
-    add_model_args, add_store_args, check_memory, load_from_args, positive_int, store_from_args,
+    DATA_DIR_HELP, add_model_args, add_store_args, check_memory, deprecated, load_from_args, positive_int,
+    store_from_args,
 )
 from orthorank.errors import UserError, comma_items, number_list
 from orthorank.method.cost import Arch, closest_count, compute_sparsity, hybrid_compute_sparsity
@@ -34,11 +35,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                                    "equals what the plan was matched to.")
     add_model_args(p)
     p.add_argument("--plan", required=True, help="the plan whose selection layers get a router (orthorank or hybrid)")
-    p.add_argument("--out", required=True, help="the router plan file to write")
+    out = p.add_mutually_exclusive_group(required=True)  # a group, so that the old --out satisfies it too
+    out.add_argument("--json", dest="json_out", metavar="FILE", help="the router plan file to write (required)")
+    deprecated(p, "--json", "--out")
     p.add_argument("--calib-data", default=DEFAULT_CALIB_DATA,
                    help="calibration text: a domain's held-out part (c4, wikitext2, news, code), mix, mix:A+B, or a "
                         "text file (default %(default)s)")
-    p.add_argument("--data-dir", default=None, help="evaluation and calibration data (default ../shared/data)")
+    p.add_argument("--data-dir", default=None, help=DATA_DIR_HELP)
     p.add_argument("--calib-samples", type=positive_int, default=DEFAULT_SAMPLES,
                    help="calibration windows (default %(default)s; a quarter is held out)")
     p.add_argument("--seq-len", type=positive_int, default=DEFAULT_SEQ_LEN,
@@ -64,12 +67,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--layers", default=None, metavar="LIST|inner",
                    help="fit a router bank for these layers instead of the plan's (inner: every layer but the first "
                         "and last), recorded on the dense model (ratio 1.0), for `calibrate --policy router --router "
-                        "BANK` to search layers under the router; give one --targets")
+                        "BANK` to search layers under the router; give one --targets (default: the plan's own "
+                        "selection layers)")
     p.add_argument("--always-route", action="store_true",
                    help="write the router plan even when no router beat the paper's rule on the held-out calibration "
                         "windows (default: the plan then keeps the paper's rule, re-matched to the same compute)")
     add_store_args(p)
-    p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    p.add_argument("--overwrite", action="store_true", help="replace --json FILE if it exists")
     p.set_defaults(func=run)
 
 
@@ -109,7 +113,7 @@ def rematch(plan: Plan, scoring: float, target: float | None = None, seq_len: in
 
 
 def run(args) -> int:
-    out = Path(args.out)
+    out = Path(args.json_out)
     if out.exists() and not args.overwrite:
         raise UserError(f"{out} exists; pass --overwrite to replace it")
     if out.parent.exists() and not out.parent.is_dir():
@@ -127,6 +131,7 @@ def run(args) -> int:
         raise UserError("--layers fits a router bank on the dense model, where every target gives the dense loss: "
                         "choose its target with one --targets (e.g. the one fit-router chose for your plan)")
     check_calibration_source(args.calib_data, args.data_dir)
+    other = Plan.load(args.match_compute_of) if args.match_compute_of else None  # read before the model loads
     if args.layers is not None:
         L = plan.num_layers
         layers = list(range(1, L - 1)) if args.layers == "inner" else parse_layers(args.layers, L)
@@ -144,8 +149,7 @@ def run(args) -> int:
 
     matched = None
     cost_len = args.cost_seq_len or int(plan.provenance.get("cost_seq_len", DEFAULT_COST_SEQ_LEN))
-    if args.match_compute_of:
-        other = Plan.load(args.match_compute_of)
+    if other is not None:
         other.check_model(lm.name, lm.signature())
         matched = {"plan": args.match_compute_of, "compute": other.compute_sparsity(seq_len=cost_len),
                    "seq_len": cost_len}

@@ -18,7 +18,7 @@ from orthorank.cli.common import (
 )
 from orthorank.errors import UserError
 from orthorank.method.apply import apply_plan, restore_dense
-from orthorank.methods import saved
+from orthorank.method.registry import saved
 from orthorank.evaluation.generation import generate_rows
 from orthorank.models.loading import check_context
 from orthorank.results import check_writable, write_json
@@ -30,10 +30,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_model_args(p)
     add_plan_args(p, methods=("dense", "prune", *saved()), saved=True)
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--prompt", help="one prompt")
-    src.add_argument("--file", help="a text file of prompts, one per line; batched with left padding")
-    p.add_argument("--max-new-tokens", type=positive_int, default=64)
-    p.add_argument("--batch-size", type=positive_int, default=8, help="prompts per batch for --file (default 8)")
+    src.add_argument("--prompt", help="one prompt (required: --prompt or --file)")
+    src.add_argument("--file", help="a text file of prompts, one per line; batched with left padding (required: "
+                                    "--prompt or --file)")
+    p.add_argument("--max-new-tokens", type=positive_int, default=64,
+                   help="tokens generated per prompt (default %(default)s)")
+    p.add_argument("--batch-size", type=positive_int, default=8, help="prompts per batch for --file (default %(default)s)")
     p.add_argument("--chat", action="store_true", help="apply the tokenizer's chat template to each prompt")
     p.add_argument("--compile", action="store_true",
                    help="compile the decode step with torch.compile (static cache; the first tokens pay the "
@@ -49,7 +51,11 @@ def read_prompts(args) -> list[str]:
         path = Path(args.file)
         if not path.is_file():
             raise UserError(f"prompt file {path} does not exist")
-        prompts = [line.rstrip("\n") for line in path.read_text(encoding="utf-8").splitlines()]
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise UserError(f"prompt file {path} is not UTF-8 text: {exc}") from None
+        prompts = [line.rstrip("\n") for line in text.splitlines()]
         prompts = [p for p in prompts if p.strip()]
         if not prompts:
             raise UserError(f"prompt file {path} holds no prompt (one per line)")

@@ -13,35 +13,41 @@ from pathlib import Path
 from typing import Any
 
 from orthorank.cli.common import (
-    add_model_args, add_store_args, expected_model_name, finite_float, load_from_args, positive_int,
-    store_from_args, variants_without_decode,
+    DATA_DIR_HELP, add_model_args, add_store_args, deprecated, expected_model_name, finite_float, load_from_args,
+    positive_int, saved_plan_file, store_from_args, variants_without_decode,
 )
 from orthorank.errors import UserError
 from orthorank.evaluation.longctx import Item, Row, fmt, fmt_diff, grouped, longctx_key, run_row, summarize
 from orthorank.method.plan import Plan
-from orthorank.method.plan_store import find_plan, sparsity_label
+from orthorank.method.plan_store import sparsity_label
 from orthorank.method.policies import DECODE_MODES
-from orthorank.methods import get_method, saved
+from orthorank.method.registry import get_method, saved
 from orthorank.results import atomic_write_text, check_writable, write_json
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
     add_model_args(p)
     p.add_argument("--methods", default="dense,sleb,orthorank",
-                   help=f"comma-separated, from dense, {', '.join(saved())} (saved plans at --sparsity)")
-    p.add_argument("--sparsity", type=finite_float, default=0.2)
-    p.add_argument("--decode", default=",".join(DECODE_MODES),
-                   help="OrthoRank decode policies, one row each (default: all: " + ",".join(DECODE_MODES) + ")")
+                   help=f"comma-separated, from dense, {', '.join(saved())} (saved plans at --sparsity; default "
+                        "%(default)s)")
+    p.add_argument("--sparsity", type=finite_float, default=0.2,
+                   help="the level of the saved plans (default %(default)s)")
+    p.add_argument("--decode-modes", dest="decode_modes", default=",".join(DECODE_MODES), metavar="MODES",
+                   help="OrthoRank decode policies, comma-separated, one row each (default: all: "
+                        + ",".join(DECODE_MODES) + ")")
     p.add_argument("--policies", default=None, metavar="SPECS",
                    help="add OrthoRank rows with other selection policies on the same layers and ratio (equal "
-                        "compute): comma-separated NAME[+recent=W][+first=W], e.g. orthogonal+recent=64")
+                        "compute): comma-separated NAME[+recent=W][+first=W], e.g. orthogonal+recent=64 (default: "
+                        "none)")
     p.add_argument("--plans-dir", default=None,
                    help="folder of <method>-<sparsity>.json plans (default: plans/<model>/ here or in the repository)")
-    p.add_argument("--batch-size", type=positive_int, default=1, help="prompts per generate call (left-padded)")
-    p.add_argument("--data-dir", default=None)
-    p.add_argument("--out", required=True, help="folder for <command>.json, .md and the plot")
-    p.add_argument("--overwrite", action="store_true")
+    p.add_argument("--batch-size", type=positive_int, default=1,
+                   help="prompts per generate call (left-padded; default %(default)s)")
+    p.add_argument("--data-dir", default=None, help=DATA_DIR_HELP)
+    p.add_argument("--out", required=True, metavar="DIR", help="folder for <command>.json, .md and the plot")
+    p.add_argument("--overwrite", action="store_true", help="replace existing output files")
     add_store_args(p)
+    deprecated(p, "--decode-modes", "--decode")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -50,30 +56,28 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("longctx", help="offline long-context suite (needles, variable tracking, common words)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_common(p)
-    p.add_argument("--tasks", default=",".join(TASKS), help=f"comma-separated, from {', '.join(TASKS)}")
-    p.add_argument("--lengths", default="1k,2k,4k", help=f"prompt lengths in tokens: {', '.join(LENGTHS)} or N")
-    p.add_argument("--samples", type=positive_int, default=50, help="samples per task and length")
+    p.add_argument("--tasks", default=",".join(TASKS),
+                   help=f"comma-separated, from {', '.join(TASKS)} (default: all)")
+    p.add_argument("--lengths", default="1k,2k,4k",
+                   help=f"prompt lengths in tokens: {', '.join(LENGTHS)} or N (default %(default)s)")
+    p.add_argument("--samples", type=positive_int, default=50,
+                   help="samples per task and length (default %(default)s)")
     p.set_defaults(func=run_suite)
 
     q = sub.add_parser("longbench", help="LongBench v1 from its files (prompts, truncation, metrics)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_common(q)
     q.add_argument("--tasks", default=None, help="task files (stems) in --data-dir (default: every file there)")
-    q.add_argument("--limit", type=positive_int, default=None, help="first N examples per task")
+    q.add_argument("--limit", type=positive_int, default=None,
+                   help="first N examples per task (default: every example)")
     q.add_argument("--max-length", type=positive_int, default=None,
                    help="prompt budget in tokens before middle truncation (default: context - max new tokens)")
     q.add_argument("--no-chat", action="store_true", help="never apply the chat template")
     q.set_defaults(func=run_longbench)
 
 
-def _plan_path(args, model_name: str, label: str) -> Path:
-    if args.plans_dir is None:
-        return find_plan(model_name, label, args.sparsity)
-    path = Path(args.plans_dir) / f"{label}-{sparsity_label(args.sparsity)}.json"
-    if not path.is_file():
-        raise UserError(f"no {label} plan at sparsity {sparsity_label(args.sparsity)} in {args.plans_dir} (looked "
-                        f"for {path})")
-    return path
+def _plan_path(args, model_name: str, label: str, check: bool = True) -> Path:
+    return saved_plan_file(model_name, label, args.sparsity, args.plans_dir, check=check)
 
 
 def _rows(args, lm) -> list[Row]:
@@ -87,7 +91,7 @@ def _rows(args, lm) -> list[Row]:
         if method.plan_kind == "dense":
             rows.append(Row("dense", "dense", None, Plan("dense", [], lm.name, lm.signature())))
             continue
-        plan = Plan.load(_plan_path(args, lm.name, method.plan_label))
+        plan = Plan.load(_plan_path(args, lm.name, method.plan_label, check=False))
         plan.check_model(lm.name, lm.signature())
         label = f"{name} {sparsity_label(args.sparsity)}"
         if plan.method == "orthorank":
@@ -103,7 +107,7 @@ def _rows(args, lm) -> list[Row]:
 
 
 def _check_saved_plans(args) -> None:
-    """Missing plans and bad --policies or --decode fail before the model loads."""
+    """Missing plans and bad --policies or --decode-modes fail before the model loads."""
     for name in (m.strip() for m in args.methods.split(",") if m.strip()):
         method = get_method(name, ["dense", *saved()])
         if method.plan_kind != "dense":
@@ -113,10 +117,10 @@ def _check_saved_plans(args) -> None:
 
 
 def _decodes(args) -> list[str]:
-    decodes = [d.strip() for d in args.decode.split(",") if d.strip()]
+    decodes = [d.strip() for d in args.decode_modes.split(",") if d.strip()]
     bad = [d for d in decodes if d not in DECODE_MODES]
     if bad or not decodes:
-        raise UserError(f"unknown decode policy {bad[0] if bad else args.decode!r}; choose from "
+        raise UserError(f"unknown decode policy {bad[0] if bad else args.decode_modes!r}; choose from "
                         f"{', '.join(DECODE_MODES)}")
     return decodes
 
@@ -125,7 +129,7 @@ def _variants(args) -> list[str]:
     if not args.policies:
         return []
     return variants_without_decode(args.policies, f"orthorank {args.command}",
-                                   "decodes every OrthoRank row under each policy of --decode")
+                                   "decodes every OrthoRank row under each policy of --decode-modes")
 
 
 def _evaluate(args, lm, rows: list[Row], parts: list[tuple[str, list[Item], dict]], suite: str) -> dict[str, dict]:
@@ -155,7 +159,7 @@ def _evaluate(args, lm, rows: list[Row], parts: list[tuple[str, list[Item], dict
 
 
 def _check_memory(args, lm, parts) -> None:
-    """The longest prompt with the most new tokens, at the batch asked, must fit (bench/memory.py)."""
+    """The longest prompt with the most new tokens, at the batch asked, must fit (runtime/memory.py)."""
     from orthorank.cli.common import check_memory
 
     items = [it for _, its, _ in parts for it in its]

@@ -8,7 +8,8 @@ import argparse
 import time
 
 from orthorank.cli.common import (
-    add_model_args, add_output_args, add_plan_args, check_memory, load_from_args, plan_from_args, positive_int,
+    DATA_DIR_HELP, add_model_args, add_output_args, add_plan_args, check_memory, check_plan_args, load_from_args,
+    plan_for, positive_int, saved_plan_path,
 )
 from orthorank.evaluation.data import load_eval_text
 from orthorank.evaluation.compare import dataset_stream
@@ -17,6 +18,7 @@ from orthorank.evaluation.stats import perplexity_interval
 from orthorank.method.cost import Arch
 from orthorank.errors import UserError
 from orthorank.method.apply import apply_plan
+from orthorank.method.registry import saved
 from orthorank.results import check_writable, write_json
 
 
@@ -25,23 +27,27 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        description="Perplexity the GPTQ/SLEB way: non-overlapping windows, mean token NLL.")
     add_model_args(p)
     p.add_argument("--dataset", default="wikitext2",
-                   help="wikitext2, c4, news, code (docs/data.md), or a path to a UTF-8 text file")
-    p.add_argument("--data-dir", default=None, help="folder laid out like ../shared/data")
-    p.add_argument("--seq-len", type=positive_int, default=2048)
-    p.add_argument("--max-windows", type=positive_int, default=None)
-    p.add_argument("--batch-size", type=positive_int, default=1)
-    add_plan_args(p)
+                   help="wikitext2, c4, news, code (docs/data.md), or a path to a UTF-8 text file (default "
+                        "%(default)s)")
+    p.add_argument("--data-dir", default=None, help=DATA_DIR_HELP)
+    p.add_argument("--seq-len", type=positive_int, default=2048, help="tokens per window (default %(default)s)")
+    p.add_argument("--max-windows", type=positive_int, default=None,
+                   help="evaluate the first N windows (default: every window of the dataset)")
+    p.add_argument("--batch-size", type=positive_int, default=1, help="windows per forward (default %(default)s)")
+    add_plan_args(p, methods=("dense", "prune", *saved()), saved=True)
     add_output_args(p)
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     check_writable(args.json_out, args.overwrite)
+    check_plan_args(args)
+    saved = saved_plan_path(args)  # a missing saved plan is an error before the model loads
     text = load_eval_text(args.dataset, args.data_dir)
     lm = load_from_args(args)
     if lm.tokenizer is None:
         raise UserError(f"{args.model} is a random-weight shape; perplexity needs a real model")
-    plan = plan_from_args(args, lm)
+    plan = plan_for(args, lm, saved)
     windows = make_windows(dataset_stream(lm.tokenizer, args.dataset, text, args.seq_len), args.seq_len,
                            args.max_windows)
     check_context(lm.model, args.seq_len)

@@ -12,8 +12,8 @@ import argparse
 import json
 from pathlib import Path
 
-from orthorank.cli.common import add_model_args, add_plan_args, check_plan_args, load_from_args, plan_for, \
-    positive_int, saved_plan_path, variants_without_decode
+from orthorank.cli.common import DATA_DIR_HELP, add_model_args, add_plan_args, check_plan_args, load_from_args, \
+    plan_for, positive_int, saved_plan_path, variants_without_decode
 from orthorank.errors import UserError
 from orthorank.results import atomic_write_bytes, atomic_write_text, check_writable, write_json
 
@@ -52,11 +52,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_plan_args(p, methods=("orthorank", "orthorank-nominal", "orthorank-speed", "hybrid"), saved=True)
     p.add_argument("--prompts", default="needle:2k,longbench:multi_news",
                    help="comma-separated: needle:LENGTH[:INDEX] (the long-context suite's niah_single sample), "
-                        "longbench:TASK[:INDEX] (default: the first example that fits --max-tokens untruncated)")
-    p.add_argument("--max-tokens", type=positive_int, default=2048, help="longest LongBench prompt taken (default 2048)")
+                        "longbench:TASK[:INDEX] (without INDEX: the first example that fits --max-tokens "
+                        "untruncated; default %(default)s)")
+    p.add_argument("--max-tokens", type=positive_int, default=2048,
+                   help="longest LongBench prompt taken (default %(default)s)")
     p.add_argument("--policies", default=None, metavar="SPECS",
-                   help="one map per policy variant on the plan's layers: NAME[+recent=W][+first=W], comma-separated")
-    p.add_argument("--data-dir", default=None)
+                   help="one map per policy variant on the plan's layers: NAME[+recent=W][+first=W], comma-separated "
+                        "(default: one map, the plan's own policy)")
+    p.add_argument("--data-dir", default=None, help=DATA_DIR_HELP)
     p.add_argument("--out", required=True, help=f"folder for {MAP_JSON} and the figures")
     p.add_argument("--overwrite", action="store_true")
     p.set_defaults(func=run)

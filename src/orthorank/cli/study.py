@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from orthorank.cli.common import add_model_args, expected_model_name
+from orthorank.cli.common import DATA_DIR_HELP, add_model_args, expected_model_name
 from orthorank.errors import UserError
 
 
@@ -30,9 +30,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--stages", default=None,
                    help=f"comma-separated subset of {', '.join(stage_names())} (default: all but transfer and "
                         "policies, which take hours per model and run only when named)")
-    p.add_argument("--data-dir", default=None)
+    p.add_argument("--data-dir", default=None, help=DATA_DIR_HELP)
     p.add_argument("--store", default=None, help="result store (default: DIR/store)")
-    p.add_argument("--summary", nargs="+", default=None, metavar="DIR", help="study folders to summarize")
+    p.add_argument("--summary", nargs="+", default=None, metavar="DIR",
+                   help="study folders to summarize (default: none, run the study of --model)")
     p.add_argument("--overwrite", action="store_true",
                    help="with --summary: replace summary files in --out that an earlier summary did not write")
     p.set_defaults(func=run)

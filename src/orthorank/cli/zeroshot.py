@@ -9,12 +9,12 @@ import time
 import numpy as np
 
 from orthorank.cli.common import (
-    add_model_args, add_output_args, add_plan_args, check_plan_args, load_from_args, plan_for, positive_int,
-    saved_plan_path,
+    DATA_DIR_HELP, add_model_args, add_output_args, add_plan_args, check_plan_args, load_from_args, plan_for,
+    positive_int, saved_plan_path,
 )
 from orthorank.errors import UserError
 from orthorank.evaluation.zeroshot.registry import ALL_TASKS, MAIN_TASKS, TASKS, resolve_tasks
-from orthorank.methods import saved
+from orthorank.method.registry import saved
 from orthorank.results import check_writable, write_json
 
 
@@ -32,12 +32,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_plan_args(p, methods=("dense", "prune", *saved()), saved=True)
     p.add_argument("--tasks", default=",".join(MAIN_TASKS), help="comma-separated harness task names, main, all "
                    f"(default: {','.join(MAIN_TASKS)})")
-    p.add_argument("--limit", type=positive_int, default=None, help="evaluate the first N examples of each task")
-    p.add_argument("--data-dir", default=None, help="folder laid out like ../shared/data")
+    p.add_argument("--limit", type=positive_int, default=None,
+                   help="evaluate the first N examples of each task (default: every example)")
+    p.add_argument("--data-dir", default=None, help=DATA_DIR_HELP)
     p.add_argument("--batch-size", type=_batch_size, default=None,
                    help="rows per forward (default 8); rows are right-padded with a mask, so OrthoRank's selection "
                         "and every row's result are those of batch size 1")
-    p.add_argument("--metric", choices=("acc", "acc_norm"), default="acc", help="metric of the printed table")
+    p.add_argument("--metric", choices=("acc", "acc_norm"), default="acc", help="metric of the printed table (default %(default)s)")
     add_output_args(p)
     from orthorank.cli.common import add_store_args
 

@@ -5,17 +5,24 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
 from orthorank.errors import UserError
-from orthorank.evaluation.stats import Interval, paired_perplexity_ratio, perplexity_interval
+from orthorank.evaluation.continuation import continuation_key, scored_tokens, stored_continuation
+from orthorank.evaluation.data import is_capped
+from orthorank.evaluation.perplexity import C4_WINDOWS, perplexity_key, stored_window_nll, tokenize_text
+from orthorank.evaluation.stats import (
+    Interval, headroom_share, paired_perplexity_ratio, perplexity_interval, worst_ratio,
+)
 from orthorank.method.apply import apply_plan, restore_dense
 from orthorank.method.cost import Arch
 from orthorank.method.plan import Plan
+from orthorank.method.policies import parse_variant
+from orthorank.runtime.matching import measured_speedups
+from orthorank.store import model_fingerprint
 
 # Ablations of the paper, applied on the OrthoRank plan's own layers. The paper does not say whether the sink's
 # keys/values stay visible when bypassed tokens give none, so both variants are run.
@@ -90,8 +97,6 @@ def ablation_plans(plan: Plan) -> list[tuple[str, Plan]]:
 def policy_plans(plan: Plan, specs: list[str]) -> list[tuple[str, Plan]]:
     """The plan's layers (and ratios) with other selection policies: one (label, plan) per variant spec
     (method/policies.parse_variant), so rules are compared at exactly the plan's compute."""
-    from orthorank.method.policies import parse_variant
-
     if plan.selection is None:
         raise UserError(f"a {plan.method} plan selects no tokens: policies do not apply to it")
     out = []
@@ -108,9 +113,6 @@ def policy_plans(plan: Plan, specs: list[str]) -> list[tuple[str, Plan]]:
 def dataset_stream(tokenizer, dataset: str, text: str, seq_len: int) -> torch.Tensor:
     """The token stream a dataset's windows are cut from: the whole text, or for a capped domain (c4, news, code)
     its first 256 x seq_len tokens (for wikitext2 and c4 the same stream as perplexity.eval_stream)."""
-    from orthorank.evaluation.data import is_capped
-    from orthorank.evaluation.perplexity import C4_WINDOWS, tokenize_text
-
     ids = tokenize_text(tokenizer, text)
     return ids[: C4_WINDOWS * seq_len] if is_capped(dataset) else ids
 
@@ -121,10 +123,6 @@ def evaluate_rows(model, rows: list[Row], windows: dict[str, torch.Tensor], stre
     """Per-window NLL of every row on every dataset, through the result store when one is given. continuation:
     each window's second half decoded one token at a time after a prefill of its first half
     (evaluation/continuation.py), so decode policies count; the rows record the share of decoded tokens updated."""
-    from orthorank.evaluation.continuation import continuation_key, scored_tokens, stored_continuation
-    from orthorank.evaluation.perplexity import perplexity_key, stored_window_nll
-    from orthorank.store import model_fingerprint
-
     fp = fingerprint or model_fingerprint(model)
     key = continuation_key if continuation else perplexity_key
     for row in rows:
@@ -152,26 +150,9 @@ def measure_speedups(model, rows: list[Row], window: torch.Tensor, repeats: int 
     """Prefill speed-up of every row's plan over dense on one window, as `calibrate --measure-speed` measures it
     (bench.matching: the plans interleaved in every repeat, the median of the per-repeat ratios): sets each row's
     measured speed-up and the range of its per-repeat ratios."""
-    from orthorank.bench.matching import measured_speedups
-
     for row, m in zip(rows, measured_speedups(model, [r.plan for r in rows], window, repeats)):
         row.measured_speedup = m["speedup"]
         row.measured_range = (min(m["ratios"]), max(m["ratios"]))
-
-
-def frontier_points(rows: list[Row], datasets: list[str]) -> list:
-    """Rows with a speed-up measured in this run as points of the speed/quality frontier (dense at 1x)."""
-    from orthorank.analysis.frontier import FrontierPoint
-
-    points = []
-    for r in rows:
-        if r.method != "dense" and r.measured_speedup is None:
-            continue
-        ppl = {d: (ci.value, ci.low, ci.high) for d in datasets if d in r.nll for ci in [r.interval(d)]}
-        speed = 1.0 if r.method == "dense" else r.measured_speedup
-        points.append(FrontierPoint(r.method, "dense" if r.method == "dense" else f"{r.level:g}", speed,
-                                    r.measured_range, None, ppl))
-    return points
 
 
 @dataclass
@@ -250,8 +231,6 @@ class WorstDomain:
 def worst_domains(comps: list[Comparison], reference: str = "sleb") -> list[WorstDomain]:
     """Per row and level, the worst (largest) paired perplexity ratio against `reference` over every dataset both
     were scored on: what a user without their own evaluation text should look at."""
-    from orthorank.evaluation.stats import worst_ratio
-
     groups: dict[tuple[str, float], list[Comparison]] = {}
     for c in comps:
         if c.b.method == reference and c.a.level == c.b.level:
@@ -278,8 +257,6 @@ class Headroom:
 def headrooms(rows: list[Row]) -> list[Headroom]:
     """For every level with a random row and an oracle row of OrthoRank's plan: the share of the oracle's headroom
     over random that the paper's rule and every other policy row capture, per dataset (same windows, paired)."""
-    from orthorank.evaluation.stats import headroom_share
-
     out = []
     for base in [r for r in rows if r.ablation is None and (r.family.startswith("orthorank") or r.family.startswith("router"))]:
         mine = [r for r in rows if r.family == base.method and r.level == base.level]
@@ -295,108 +272,3 @@ def headrooms(rows: list[Row]) -> list[Headroom]:
                     out.append(Headroom(rule, d, headroom_share(rule.nll[d], random.nll[d], oracle.nll[d],
                                                                 rule.tokens[d])))
     return out
-
-
-def headroom_table(items: list[Headroom], datasets: list[str]) -> str:
-    by_row: dict[tuple[str, float], dict[str, Headroom]] = {}
-    for h in items:
-        by_row.setdefault((h.row.method, h.row.level), {})[h.dataset] = h
-    head = ["rule", "level", *[f"{d} share [95% CI]" for d in datasets]]
-    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
-    for (method, level), by_d in by_row.items():
-        cells = [method, f"{level:g}"]
-        cells += [by_d[d].share.text(".2f") if d in by_d else "-" for d in datasets]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def worst_domain_table(worst: list[WorstDomain]) -> str:
-    head = ["row", "level", "vs", "worst dataset", "worst ratio [95% CI]", "verdict"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
-    for w in worst:
-        text = w.ratio.text(".3f")
-        lines.append("| " + " | ".join([w.row.method, f"{w.row.level:g}", w.reference.method, w.dataset,
-                                        f"**{text}**" if w.ratio.excludes(1.0) else text, w.verdict]) + " |")
-    return "\n".join(lines)
-
-
-def _ci(ci: Interval) -> str:
-    return ci.text(".2f")
-
-
-def markdown_table(rows: list[Row], datasets: list[str], arch: Arch, seq_len: int) -> str:
-    decoded = any(r.updated_share for r in rows)  # continuation scoring: what the decode policies skipped
-    head = ["method", "level", "layers", "nominal", "compute", "measured", *[f"{d} ppl [95% CI]" for d in datasets],
-            *(["decoded tokens updated"] if decoded else [])]
-    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
-    for r in rows:
-        s = r.sparsity(arch, seq_len)
-        measured = (f"{s['measured_speedup']:.3f}x" + ("" if s.get("measured_at") == "this run" else "†")
-                    if s["measured_speedup"] else "-")
-        shares = [v for v in r.updated_share.values() if v is not None]
-        cells = [r.method, f"{r.level:g}", str(len(r.plan.layers)), f"{s['nominal']:.3f}", f"{s['compute']:.3f}",
-                 measured, *[_ci(r.interval(d)) if d in r.nll else "-" for d in datasets],
-                 *([f"{np.mean(shares):.3f}" if shares else "-"] if decoded else [])]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def comparison_table(comps: list[Comparison], datasets: list[str]) -> str:
-    """Paired ratios ppl(row) / ppl(reference); ** marks an interval that excludes 1 (a difference the windows
-    support), in either direction."""
-    pairs: dict[tuple[str, float, str], dict[str, Comparison]] = {}
-    for c in comps:
-        pairs.setdefault((c.a.method, c.a.level, c.b.method), {})[c.dataset] = c
-    head = ["row", "level", "vs", *[f"{d} ratio [95% CI]" for d in datasets]]
-    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
-    for (a, level, b), by_d in pairs.items():
-        cells = [a, f"{level:g}", b]
-        for d in datasets:
-            c = by_d.get(d)
-            if c is None:
-                cells.append("-")
-                continue
-            text = c.ratio.text(".3f")
-            cells.append(f"**{text}**" if c.ratio.excludes(1.0) else text)
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def plot_ppl(rows: list[Row], datasets: list[str], path: Path, arch: Arch, seq_len: int) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(datasets), figsize=(5.8 * len(datasets), 4.4), squeeze=False)
-    for ax, ds in zip(axes[0], datasets):
-        dense = [r for r in rows if r.method == "dense" and ds in r.nll]
-        by_method: dict[str, list[Row]] = {}
-        for r in rows:
-            if r.method != "dense" and ds in r.nll:
-                by_method.setdefault(r.method, []).append(r)
-        for method, rs in by_method.items():
-            rs = sorted(rs, key=lambda r: r.sparsity(arch, seq_len)["compute"])
-            pts = ([(0.0, dense[0].interval(ds))] if dense else []) + [
-                (r.sparsity(arch, seq_len)["compute"], r.interval(ds)) for r in rs]
-            xs = [x for x, _ in pts]
-            ys = [ci.value for _, ci in pts]
-            err = [[ci.value - ci.low for _, ci in pts], [ci.high - ci.value for _, ci in pts]]
-            style = "--" if "(" in method else "-"
-            ax.errorbar(xs, ys, yerr=err, fmt=style, marker="o", capsize=3, label=method)
-        if dense:
-            ax.axhline(dense[0].interval(ds).value, color="grey", lw=0.8, ls=":", label="dense")
-        ax.set_yscale("log")
-        n = next(iter(r.nll[ds].size for r in rows if ds in r.nll))
-        ax.set_title(f"{ds}: perplexity vs compute sparsity ({n} windows)")
-        ax.set_xlabel(f"compute sparsity (share of FLOPs skipped at {seq_len} tokens)")
-        ax.set_ylabel("perplexity, 95% CI (log scale, lower is better)")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    from orthorank.results import atomic_save_figure
-
-    atomic_save_figure(fig, path, dpi=120)
-    plt.close(fig)
-    return path
-

@@ -7,7 +7,7 @@ import time
 
 import torch
 
-from orthorank.bench.bandwidth import decode_bound, decode_step_bytes, process_bandwidth
+from orthorank.runtime.bandwidth import decode_bound, decode_step_bytes, process_bandwidth
 from orthorank.models.loading import input_device
 from orthorank.models.static_decode import allocated_static_cache, cache_kwarg
 

@@ -35,7 +35,6 @@ from orthorank.method.selection import (
     keep_to_indices,
     random_keys,
     sequence_seed,
-    sink_scores,
     token_hash,
     tokens_to_keep,
     top_k_indices,

@@ -36,6 +36,7 @@ import torch
 
 from orthorank.errors import UserError, comma_items
 from orthorank.method import router
+from orthorank.method.orthogonality import sink_scores
 
 # how a selection layer treats one decoded token: as in prefill (its K/V only when not selected), or against the
 # prefill's cut-off score (method/layer.py)
@@ -98,8 +99,6 @@ class Policy:
 
 
 def _sink_scores(inp: PolicyInputs) -> torch.Tensor:
-    from orthorank.method.selection import sink_scores
-
     return sink_scores(inp.src, inp.sink, inp.criterion)
 
 

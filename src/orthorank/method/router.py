@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from orthorank.errors import UserError
+from orthorank.method.orthogonality import dot_float32
 
 ROUTER_FORMAT = "orthorank-router/1"
 EXTRA_FEATURES = ("sink_dot", "sink_abs", "sink_cos", "log_norm_x", "log_norm_h", "log_position")
@@ -41,10 +42,8 @@ def extra_features(src: torch.Tensor, hidden: torch.Tensor, sink: torch.Tensor,
                    positions: torch.Tensor | None = None) -> torch.Tensor:
     """[B, T, 6] float32: the sink terms, log norms and log position of every token (EXTRA_FEATURES). positions:
     [B, T] each token's distance from its row's sink (default 0..T-1: unpadded, no cache); pads clamp to 0."""
-    from orthorank.method.selection import _dot_float32
-
     B, T, _ = src.shape
-    dot = _dot_float32(src, sink)  # [B, T]
+    dot = dot_float32(src, sink)  # [B, T]
     norm_x = torch.linalg.vector_norm(src, dim=-1, dtype=torch.float32)
     norm_h = torch.linalg.vector_norm(hidden, dim=-1, dtype=torch.float32)
     norm_s = torch.linalg.vector_norm(sink, dim=-1, dtype=torch.float32).view(-1, 1)

@@ -71,7 +71,7 @@ def allocated_static_cache(model: nn.Module, batch: int, max_len: int) -> Any:
     from transformers import StaticCache
 
     cache = StaticCache(config=model.config, max_cache_len=max_len)
-    from orthorank.method.cost import Arch
+    from orthorank.models.arch import Arch
 
     arch = Arch.from_config(config)
     devices = set(getattr(model, "hf_device_map", {}).values())

@@ -38,7 +38,7 @@ from tqdm.auto import tqdm
 
 from orthorank.search.layer_search import StackRunner
 from orthorank.search.racing import ScoreMemo, race
-from orthorank.bench.cost_table import CostTable, ratio_key
+from orthorank.runtime.cost_table import CostTable, ratio_key
 from orthorank.errors import UserError
 from orthorank.method.plan import REMOVE
 from orthorank.method.selection import SelectionConfig

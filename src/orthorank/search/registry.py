@@ -1,11 +1,13 @@
-"""Calibration searches by name (the `search` of a method in orthorank.methods): each turns a step count into
+"""Calibration searches by name (the `search` of a method in orthorank.method.registry): each turns a step count into
 an ordered list of layers."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from functools import partial
+from typing import Any, Callable
 
+from orthorank.search.hybrid import hybrid_search
 from orthorank.search.racing import ALPHA
 from orthorank.search.layer_search import SearchResult, StackRunner, block_influence, greedy_search, one_shot_ppl
 from orthorank.errors import UserError
@@ -17,10 +19,13 @@ from orthorank.method.selection import SelectionConfig
 @dataclass(frozen=True)
 class SearchMethod:
     name: str
-    plan_method: str  # "orthorank" (token selection) or "prune" (layer removal)
+    plan_method: str  # "orthorank" (token selection), "prune" (layer removal) or "hybrid" (an action per layer)
     reference: str
-    run: Callable[..., SearchResult]  # (runner, steps, selection, progress, **search options)
+    # layer searches: (runner, steps, selection, progress, **search options) -> SearchResult; per-layer searches:
+    # (runner, table, targets, ratios, candidates, selection, **options) -> HybridResult, under a cost table
+    run: Callable[..., Any]
     greedy: bool = False  # one step per layer chosen (checkpointed per step); else one-shot scores
+    per_layer: bool = False  # a remove / keep-ratio action per layer to predicted speed-ups (`calibrate_hybrid`)
 
     def settings(self, selection: SelectionConfig, screen: int | None, recheck: int) -> dict:
         """What, besides the model and calibration windows, decides this search's result (its checkpoint key)."""
@@ -70,6 +75,11 @@ SEARCH_METHODS: dict[str, SearchMethod] = {
         SearchMethod("sleb", "prune", "Song et al. 2024 (greedy block removal)", _sleb, greedy=True),
         SearchMethod("shortened-ppl", "prune", "Kim et al. 2024 (one-shot PPL criterion)", _shortened),
         SearchMethod("shortgpt", "prune", "Men et al. 2024 (Block Influence)", _shortgpt),
+        SearchMethod("hybrid", "hybrid", "this project: greedy remove / select / keep per layer under a cost table",
+                     partial(hybrid_search, remove=True), greedy=True, per_layer=True),
+        SearchMethod("orthorank-ratios", "hybrid", "this project: OrthoRank's keep ratio per layer, greedy over "
+                     "(layer, ratio) at pruning's compute", partial(hybrid_search, remove=False), greedy=True,
+                     per_layer=True),
     )
 }
 

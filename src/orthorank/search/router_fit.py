@@ -297,9 +297,7 @@ def fit_router(model: nn.Module, plan: Plan, windows: torch.Tensor, settings: Fi
             report["resumed_passes"] += 1
             if kept["best"] is None:
                 break
-            best_state = RouterState.from_dict(kept["best"]["state"])
-            best_train = RouterState.from_dict(kept["best"]["train_state"])
-            best_nll, best_choice = kept["best"]["nll"], kept["best"]["choice"]
+            best_state, best_train, best_nll, best_choice = _stored_best(kept["best"])
             current, targets = with_router(plan, best_train), (best_choice["target"],)
             log(f"pass {it + 1}: resumed from the store (target {best_choice['target']}, held-out NLL {best_nll:.4f})")
             continue
@@ -311,13 +309,7 @@ def fit_router(model: nn.Module, plan: Plan, windows: torch.Tensor, settings: Fi
         pass_report: dict[str, Any] = {"selected_by": current.selection.policy,
                                        "record_seconds": round(t_fit - t_rec, 1), "targets": {}}
         for target in targets:
-            fits, layer_info = {}, {}
-            for i in sorted(rec.X):
-                alpha, corr, fitted = fit_layer(rec.X[i], rec.Y[i][target], rec.window, train_mask, settings.alphas)
-                fits[i] = fitted
-                layer_info[str(i)] = {"alpha": alpha, "held_out_rank_corr": round(corr, 4)}
-            state = router_state(fits, target, hidden, {}, {})
-            nll = calibration_nll(model, with_router(plan, state), held_set, settings.batch_size)
+            state, nll, layer_info = _fit_target(model, plan, rec, target, train_mask, held_set, settings, hidden)
             pass_report["targets"][target] = {"held_out_nll": nll, "layers": layer_info}
             log(f"pass {it + 1}: target {target}: held-out NLL {nll:.4f} (paper's rule {paper_nll:.4f}); "
                 f"rank correlation per layer " + ", ".join(f"{k}:{v['held_out_rank_corr']:.2f}"
@@ -348,3 +340,22 @@ def fit_router(model: nn.Module, plan: Plan, windows: torch.Tensor, settings: Fi
                     "seconds": report["seconds"]}
     state = dataclasses.replace(best_state, settings=settings_out, calibration=calibration)
     return FitResult(state, report)
+
+
+def _fit_target(model: nn.Module, plan: Plan, rec: Any, target: str, train_mask: torch.Tensor,
+                held_set: torch.Tensor, settings: FitSettings, hidden: int) -> tuple[RouterState, float, dict]:
+    """One target's router on the training windows (each layer's penalty chosen by held-out rank correlation),
+    and the held-out calibration NLL of the plan routed by it."""
+    fits, layer_info = {}, {}
+    for i in sorted(rec.X):
+        alpha, corr, fitted = fit_layer(rec.X[i], rec.Y[i][target], rec.window, train_mask, settings.alphas)
+        fits[i] = fitted
+        layer_info[str(i)] = {"alpha": alpha, "held_out_rank_corr": round(corr, 4)}
+    state = router_state(fits, target, hidden, {}, {})
+    return state, calibration_nll(model, with_router(plan, state), held_set, settings.batch_size), layer_info
+
+
+def _stored_best(best: dict) -> tuple[RouterState, RouterState, float, dict]:
+    """A stored pass's winner: (refitted on every window, fitted on the training windows, its NLL, its choice)."""
+    return (RouterState.from_dict(best["state"]), RouterState.from_dict(best["train_state"]), best["nll"],
+            best["choice"])

@@ -36,4 +36,5 @@ class StudyContext:
 
 def hybrid_cost_table_argv(ctx: StudyContext, table: Path) -> list[str]:
     """This machine's cost table at the perplexity windows' length, where compute is matched too."""
-    return ["bench", *ctx.common, "--batch", "1", "--seq-len", str(ctx.budget.ppl_seq_len), "--cost-table", str(table)]
+    return ["bench", *ctx.common, "--batch-size", "1", "--seq-len", str(ctx.budget.ppl_seq_len), "--cost-table",
+            str(table)]

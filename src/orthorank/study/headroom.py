@@ -48,10 +48,10 @@ def policies_argv(ctx: StudyContext) -> list[list[str]]:
              ",".join(ZEROSHOT_TASKS), "--limit", str(b.zeroshot_limit), *ctx.store_args(),
              "--out", str(d / "compare"), "--overwrite"],
             ["longctx", *ctx.common, *ctx.data, *rows, "--lengths", p.lengths, "--samples", str(p.samples),
-             "--tasks", ",".join(p.tasks), "--decode", "dense", "--policies", specs, *ctx.store_args(),
+             "--tasks", ",".join(p.tasks), "--decode-modes", "dense", "--policies", specs, *ctx.store_args(),
              "--out", str(d / "longctx"), "--overwrite"],
             ["longbench", *ctx.common, *ctx.data, *rows, "--tasks", "multi_news", "--limit", str(p.longbench_limit),
-             "--decode", "dense", "--policies", specs,
+             "--decode-modes", "dense", "--policies", specs,
              *(["--max-length", str(p.longbench_max_length)] if p.longbench_max_length else []),
              *ctx.store_args(), "--out", str(d / "longbench"), "--overwrite"],
         ]

@@ -50,7 +50,7 @@ def _plans_argv(ctx: StudyContext) -> list[list[str]]:
             # compute matched at the length the perplexity stage evaluates (exact matching where it is measured)
             cmds.append(["calibrate", *ctx.common, *ctx.data, "--method", method, "--sparsity", ctx.levels(tuple(missing)),
                          "--cost-seq-len", str(ctx.budget.ppl_seq_len), *ctx.budget.calibration,
-                         "--out-dir", str(ctx.plans_dir), *ctx.store_args()])
+                         "--out", str(ctx.plans_dir), *ctx.store_args()])
     return cmds
 
 
@@ -118,7 +118,7 @@ def _hybrid_argv(ctx: StudyContext) -> list[list[str]]:
     missing = _missing_plans(ctx, "hybrid")
     if missing:
         cmds.append(["calibrate", *ctx.common, *ctx.data, "--method", "hybrid", "--cost-table", str(table), "--sparsity",
-                     ctx.levels(tuple(missing)), *ctx.budget.calibration, "--out-dir", str(ctx.plans_dir),
+                     ctx.levels(tuple(missing)), *ctx.budget.calibration, "--out", str(ctx.plans_dir),
                      *ctx.store_args()])
     cmds.append(["compare", *ctx.common, *ctx.data, "--methods", "dense,sleb,orthorank,hybrid", "--sparsity",
                  ctx.levels(b.levels), "--datasets", ",".join(DOMAINS), "--seq-len", str(b.ppl_seq_len),
@@ -152,14 +152,14 @@ def _router_argv(ctx: StudyContext) -> list[list[str]]:
     for level in _missing_plans(ctx, "router"):
         s = sparsity_label(level)
         cmds.append(["fit-router", *ctx.common, *ctx.data, "--plan", str(ctx.plans_dir / f"orthorank-{s}.json"),
-                     "--out", str(ctx.plans_dir / f"router-{s}.json"), *r.fit_flags()])
+                     "--json", str(ctx.plans_dir / f"router-{s}.json"), *r.fit_flags()])
     hybrid_levels = _hybrid_levels_with_removals(ctx) if b.hybrid else []
     for level in hybrid_levels:
         s = sparsity_label(level)
         if not (ctx.plans_dir / f"router-hybrid-{s}.json").is_file():
             # the hybrid plan was matched to a measured speed-up; its router plan skips exactly SLEB's compute
             cmds.append(["fit-router", *ctx.common, *ctx.data, "--plan", str(ctx.plans_dir / f"hybrid-{s}.json"),
-                         "--out", str(ctx.plans_dir / f"router-hybrid-{s}.json"), "--match-compute-of",
+                         "--json", str(ctx.plans_dir / f"router-hybrid-{s}.json"), "--match-compute-of",
                          str(ctx.plans_dir / f"sleb-{s}.json"), "--cost-seq-len", str(b.ppl_seq_len),
                          *r.fit_flags()])
     cmds.append(["compare", *ctx.common, *ctx.data, "--methods", "dense,sleb,orthorank,router", "--sparsity",

@@ -50,7 +50,7 @@ def transfer_argv(ctx: StudyContext) -> Iterator[list[str]]:
         extra = ["--cost-table", str(table)] if method == "hybrid" else []
         return ["calibrate", *ctx.common, *ctx.data, "--method", method, *extra, "--sparsity",
                 ctx.levels(b.levels), *setting.calibrate_flags(t.calib_seq_len), "--cost-seq-len",
-                str(t.seq_len), *t.calibrate_extra, "--out-dir", str(setting_plans(ctx, setting)),
+                str(t.seq_len), *t.calibrate_extra, "--out", str(setting_plans(ctx, setting)),
                 *ctx.store_args()]
 
     def compare(setting: TransferSetting, methods: list[str]) -> list[str]:

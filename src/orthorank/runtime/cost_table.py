@@ -28,11 +28,17 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from orthorank.bench.timing import summarize, synchronize, time_call
 from orthorank.cpu_info import cpu_model_name
 from orthorank.errors import UserError, number_list
+from orthorank.method.apply import restore_dense
+from orthorank.method.cost import head_flops, layer_flops, selection_layer_flops
+from orthorank.method.layer import SelectiveLayer, SequenceContext
 from orthorank.method.plan import REMOVE
-from orthorank.method.selection import SelectionConfig
+from orthorank.method.selection import SelectionConfig, keep_count
+from orthorank.models.adapters import get_adapter
+from orthorank.models.last_token import LastTokenForward
+from orthorank.results import write_json
+from orthorank.runtime.timing import interleaved_rounds, random_ids, summarize, synchronize, time_call
 
 COST_TABLE_FORMAT = "orthorank-cost-table/1"
 DEFAULT_RATIOS = (0.25, 0.33, 0.5)
@@ -157,8 +163,6 @@ class CostTable:
         }
 
     def save(self, path: str | Path, overwrite: bool = False, device: torch.device | None = None) -> Path:
-        from orthorank.results import write_json
-
         return write_json(path, self.to_dict(), device=device, overwrite=overwrite)
 
     @classmethod
@@ -212,16 +216,12 @@ class FlopCostTable(CostTable):
     arch: Any = None  # method.cost.Arch
 
     def fraction(self, ratio: float) -> float:
-        from orthorank.method.cost import layer_flops, selection_layer_flops
-
         if not 0.0 < ratio <= 1.0:
             raise UserError(f"selection ratio must be in (0, 1], got {ratio:g}")
         return selection_layer_flops(self.arch, self.seq_len, ratio) / layer_flops(self.arch, self.seq_len).dense
 
     @classmethod
     def build(cls, arch, seq_len: int, ratios: list[float], model: str, signature: dict[str, Any]) -> "FlopCostTable":
-        from orthorank.method.cost import head_flops, layer_flops
-
         table = cls(model, signature, {"kind": "flop count"}, "-", 1, seq_len, layer_flops(arch, seq_len).dense,
                     head_flops(arch), {}, source=f"the FLOP count at {seq_len} tokens", arch=arch)
         table.selective = {ratio_key(r): table.fraction(r) for r in ratios}
@@ -256,8 +256,6 @@ def _loadavg() -> list[float] | None:
 def _rest_forward(model: nn.Module, ids: torch.Tensor) -> Callable[[], Any]:
     """Prefill of the model with its decoder layers taken out: embedding, rotary tables, mask, final norm and the
     LM head on the last position (the LastTokenForward of `bench`)."""
-    from orthorank.bench.runner import LastTokenForward
-    from orthorank.models.adapters import get_adapter
 
     adapter = get_adapter(model)
     forward = LastTokenForward(model)
@@ -276,12 +274,6 @@ def measure_cost_table(model: nn.Module, name: str, signature: dict[str, Any], d
                        ratios: list[float], batch: int = 1, seq_len: int = 1024, warmup: int = 1,
                        repeats: int = 7, layers: list[int] | None = None, selection: SelectionConfig | None = None,
                        seed: int = 0, log: Callable[[str], None] = print) -> CostTable:
-    from orthorank.bench.runner import LastTokenForward, random_ids
-    from orthorank.method.apply import restore_dense
-    from orthorank.method.layer import SelectiveLayer, SequenceContext
-    from orthorank.method.selection import keep_count
-    from orthorank.models.adapters import get_adapter
-
     adapter = get_adapter(model)
     restore_dense(model)
     all_layers = adapter.layers(model)
@@ -313,21 +305,28 @@ def measure_cost_table(model: nn.Module, name: str, signature: dict[str, Any], d
         fns["rest"] = _rest_forward(model, ids)
         full = LastTokenForward(model)
         fns["dense_model"] = lambda: full(ids)
-        for _ in range(warmup):
-            for fn in fns.values():
-                fn()
-        times: dict[str, list[float]] = {k: [] for k in fns}
-        names = list(fns)
-        for rnd in range(repeats):
-            k = rnd % len(names)
-            for key in names[k:] + names[:k]:
-                times[key].append(time_call(fns[key], device))
+
+        def progress(rnd: int, times: dict[str, list[float]]) -> None:
             log(f"  round {rnd + 1}/{repeats}: dense layer {times[f'dense_layer/{layers[0]}'][-1] * 1e3:.1f} ms, "
                 + ", ".join(f"r={ratio_key(r)} {times[f'selective/{ratio_key(r)}/{layers[0]}'][-1] * 1e3:.1f} ms"
                             for r in ratios)
                 + f", rest {times['rest'][-1] * 1e3:.1f} ms, whole model {times['dense_model'][-1] * 1e3:.0f} ms")
+
+        times = interleaved_rounds(list(fns), lambda key: time_call(fns[key], device), repeats, warmup,
+                                   on_round=progress)
         synchronize(device)
 
+    return _table_from_times(times, layers, ratios, L, name, signature, device, dtype, batch, seq_len, warmup,
+                             repeats, seed, base, load_before)
+
+
+def _table_from_times(times: dict[str, list[float]], layers: list[int], ratios: list[float], L: int, name: str,
+                      signature: dict[str, Any], device: torch.device, dtype: torch.dtype, batch: int, seq_len: int,
+                      warmup: int, repeats: int, seed: int, base: SelectionConfig,
+                      load_before: list[float] | None) -> CostTable:
+    """The cost table from the interleaved rounds' seconds: each measured layer's dense time and selective
+    fractions (per-round paired ratios give their spread), their median over the measured layers, the rest of the
+    model, and the whole model's time against the table's prediction."""
     stats = {k: summarize(v) for k, v in times.items()}
     per_layer: dict[str, Any] = {}
     for idx in layers:

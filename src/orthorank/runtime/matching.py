@@ -18,38 +18,33 @@ from orthorank.method.apply import apply_plan, restore_dense
 from orthorank.method.plan import Plan
 from orthorank.method.selection import keep_count
 from orthorank.models.loading import input_device
+from orthorank.runtime.timing import interleaved_rounds, iqr
 
 
 @torch.no_grad()
 def measured_speedups(model, plans: list[Plan], window: torch.Tensor, repeats: int) -> list[dict[str, Any]]:
     """Per plan: {"speedup": median of per-repeat ratios, "iqr": their interquartile range, "ratios": [...]}."""
     dense = Plan("dense", [], plans[0].model, plans[0].signature)
-    order = [dense, *plans]
+    order = {str(i): plan for i, plan in enumerate([dense, *plans])}
     batch = window.view(1, -1).to(input_device(model))
-    times: list[list[float]] = [[] for _ in order]
-    for rep in range(repeats + 1):  # the first round warms up
-        for i, plan in enumerate(order):
-            apply_plan(model, plan)
-            try:
-                start = time.perf_counter()
-                model(batch, use_cache=False)
-                if rep:
-                    times[i].append(time.perf_counter() - start)
-            finally:
-                restore_dense(model)
+
+    def time_one(key: str) -> float:
+        apply_plan(model, order[key])
+        try:
+            start = time.perf_counter()
+            model(batch, use_cache=False)
+            return time.perf_counter() - start
+        finally:
+            restore_dense(model)
+
+    # dense, then each plan, in the same order every round (the first round warms up)
+    times = interleaved_rounds(list(order), time_one, repeats, warmup=1, rotate=False)
     out = []
-    for t in times[1:]:
-        ratios = sorted(d / p for d, p in zip(times[0], t))
-        out.append({"speedup": round(statistics.median(ratios), 4), "iqr": round(_iqr(ratios), 4),
+    for key in list(order)[1:]:
+        ratios = sorted(d / p for d, p in zip(times["0"], times[key]))
+        out.append({"speedup": round(statistics.median(ratios), 4), "iqr": round(iqr(ratios), 4),
                     "ratios": [round(r, 4) for r in ratios], "repeats": repeats})
     return out
-
-
-def _iqr(xs: list[float]) -> float:
-    if len(xs) < 4:
-        return max(xs) - min(xs)
-    q = statistics.quantiles(xs, n=4, method="inclusive")
-    return q[2] - q[0]
 
 
 def match_speed(model, make: Callable[[float], Plan], reference: Plan, window: torch.Tensor, base_ratio: float,

@@ -1,0 +1,169 @@
+"""The package's shape in numbers: its import graph between folders (and top-level modules), the arrows that run
+back up the declared layers, cycles, imports inside functions, and functions over 80 lines.
+
+    python benchmarks/code_shape.py [--json FILE] [--root OTHER_CHECKOUT/src/orthorank]
+
+Layers (bottom first) are LAYERS below; tests/test_code_shape.py fails when an import runs back up or a cycle
+appears. Every import counts, those inside functions too (a lazy import is still a dependency)."""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1] / "src" / "orthorank"
+# Bottom first: a node (a folder of the package, or a top-level module) may import its own layer and any layer
+# below, never one above.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("errors", "cpu_info"),
+    ("distributed", "peak_memory", "results", "store"),  # what every result file and stored window needs
+    ("models",),  # loading, per-family adapters, shapes
+    ("method",),  # OrthoRank itself: plans, policies, the selective layer, the cost model, the method registry
+    ("runtime",),  # memory guard, interleaved timing, bandwidth bound, cost tables, speed matching
+    ("analysis",),  # the sink analysis, its plots and report, frontier figures
+    ("evaluation",),  # perplexity, zero-shot, long inputs, comparisons: the numbers and their intervals
+    ("search",),  # calibration searches and the router fit (they score with evaluation's code)
+    ("presentation",),  # tables and figures of comparisons (formatting only)
+    ("bench",),  # the speed benchmarks
+    ("study",),  # the study's stages
+    ("cli",),  # the commands: parse, call, print
+)
+LONG_FUNCTION = 80
+
+
+class _Imports(ast.NodeVisitor):
+    """Each import statement of the package's own modules: (the modules it names, inside a function?)."""
+
+    def __init__(self, module: str, is_package: bool):
+        self.module, self.is_package, self.depth, self.found = module, is_package, 0, []
+
+    def _function(self, node):
+        self.depth += 1
+        self.generic_visit(node)
+        self.depth -= 1
+
+    visit_FunctionDef = visit_AsyncFunctionDef = visit_Lambda = _function
+
+    def visit_Import(self, node: ast.Import):
+        names = [a.name for a in node.names if a.name.split(".")[0] == "orthorank"]
+        if names:
+            self.found.append((names, self.depth > 0))
+
+    def visit_ImportFrom(self, node: ast.ImportFrom):
+        if node.level:
+            base = self.module.split(".") if self.is_package else self.module.split(".")[:-1]
+            base = base[:len(base) - (node.level - 1)]
+            target = ".".join(base + ([node.module] if node.module else []))
+        else:
+            target = node.module or ""
+        if target.split(".")[0] == "orthorank":
+            # `from orthorank.method import plan` names a module; `from orthorank import errors` too
+            self.found.append(([target] + [f"{target}.{a.name}" for a in node.names], self.depth > 0))
+
+
+def _node(module: str) -> str | None:
+    """orthorank.a.b -> "a"; None for the package itself."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else None
+
+
+def measure(root: Path = ROOT) -> dict:
+    existing = {p.stem if p.is_file() else p.name for p in root.iterdir()
+                if (p.suffix == ".py" and p.stem != "__init__") or (p.is_dir() and (p / "__init__.py").exists())}
+    layer_of = {name: i for i, names in enumerate(LAYERS) for name in names}
+    arrows: dict[tuple[str, str], int] = defaultdict(int)
+    statements = inside = 0
+    long_functions = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root.parent).with_suffix("").parts
+        module = ".".join(rel[:-1] if rel[-1] == "__init__" else rel)
+        source = _node(module)
+        tree = ast.parse(path.read_text())
+        visitor = _Imports(module, path.name == "__init__.py")
+        visitor.visit(tree)
+        for names, in_function in visitor.found:
+            statements += 1
+            inside += in_function
+            for dst in {_node(n) for n in names} & existing:
+                if source is not None and dst != source:
+                    arrows[(source, dst)] += 1
+        for fn in ast.walk(tree):
+            if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = (fn.end_lineno or fn.lineno) - fn.lineno + 1
+                if length > LONG_FUNCTION:
+                    long_functions.append({"function": f"{path.relative_to(root.parent).as_posix()}:{fn.name}",
+                                           "lines": length})
+    up = sorted([a, b, n] for (a, b), n in arrows.items()
+                if a in layer_of and b in layer_of and layer_of[b] > layer_of[a])
+    graph = defaultdict(set)
+    for a, b in arrows:
+        graph[a].add(b)
+    return {"nodes": len(existing), "arrows": len(arrows), "arrows_back_up": up,
+            "cycles": _cycles(graph, existing), "internal_imports": statements, "imports_inside_functions": inside,
+            "functions_over_80_lines": sorted(long_functions, key=lambda f: -f["lines"]),
+            "unplaced": sorted(existing - set(layer_of)), "layers": [list(x) for x in LAYERS]}
+
+
+def _cycles(graph: dict[str, set[str]], nodes: set[str]) -> list[list[str]]:
+    """Strongly connected components of more than one node (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def strong(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(nodes):
+        if v not in index:
+            strong(v)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--json", default=None, help="also write the numbers to this file (default: print only)")
+    p.add_argument("--root", default=str(ROOT), help="the package folder to measure (default: this checkout's)")
+    args = p.parse_args(argv)
+    m = measure(Path(args.root))
+    print(f"nodes {m['nodes']}, arrows {m['arrows']}, arrows back up {len(m['arrows_back_up'])}, cycles "
+          f"{len(m['cycles'])}, internal import statements {m['internal_imports']} ({m['imports_inside_functions']} "
+          f"inside functions), functions over {LONG_FUNCTION} lines {len(m['functions_over_80_lines'])}")
+    for a, b, n in m["arrows_back_up"]:
+        print(f"  back up: {a} -> {b} ({n} imports)")
+    for c in m["cycles"]:
+        print(f"  cycle: {' <-> '.join(c)}")
+    for f in m["functions_over_80_lines"]:
+        print(f"  long: {f['function']} {f['lines']}")
+    if m["unplaced"]:
+        print(f"  not in LAYERS: {', '.join(m['unplaced'])}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(m, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

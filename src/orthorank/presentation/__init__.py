@@ -1,0 +1,1 @@
+"""Tables, figures and frontiers of results: presentation, apart from the evaluation that computes them."""

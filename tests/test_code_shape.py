@@ -1,0 +1,42 @@
+"""The package's import graph reads top-down: no folder imports one above it, no cycle, every folder placed
+(benchmarks/code_shape.py measures it and prints the numbers)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+_SPEC = importlib.util.spec_from_file_location(
+    "code_shape", Path(__file__).resolve().parents[1] / "benchmarks" / "code_shape.py")
+code_shape = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(code_shape)
+
+
+def test_no_import_runs_back_up_the_layers_and_no_cycle():
+    m = code_shape.measure()
+    assert m["unplaced"] == [], f"folders or modules missing from LAYERS: {m['unplaced']}"
+    assert m["arrows_back_up"] == [], "imports that run back up: " + ", ".join(
+        f"{a} -> {b} ({n})" for a, b, n in m["arrows_back_up"])
+    assert m["cycles"] == [], f"import cycles between folders: {m['cycles']}"
+
+
+def test_the_measure_sees_an_arrow_back_up_and_a_cycle(tmp_path):
+    pkg = tmp_path / "orthorank"
+    for name, body in {"errors.py": "from orthorank.method import plan\n",
+                       "method/__init__.py": "", "method/plan.py": "def f():\n    from orthorank import errors\n"}.items():
+        (pkg / name).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / name).write_text(body)
+    (pkg / "__init__.py").write_text("")
+    m = code_shape.measure(pkg)
+    assert m["arrows_back_up"] == [["errors", "method", 1]]
+    assert m["cycles"] == [["errors", "method"]] and m["imports_inside_functions"] == 1
+
+
+def test_every_module_a_stored_result_is_keyed_by_exists():
+    """The result store keys each result kind by the code of named modules; a moved file would silently drop out
+    of the key (its results then outliving a change to its code)."""
+    from orthorank import store
+
+    root = Path(store.__file__).resolve().parent
+    missing = sorted({rel for mods in store.NUMERIC_MODULES.values() for rel in mods if not (root / rel).is_file()})
+    assert missing == [], f"NUMERIC_MODULES names files that do not exist: {missing}"
