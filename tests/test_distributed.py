@@ -52,6 +52,13 @@ def test_two_processes_equal_one(tiny_hf_folder, tmp_path):
     assert results[2]["world_size"] == 2 and results[1]["world_size"] == 1
     # every result file says how many processes made it
     assert results[2]["environment"]["processes"] == 2 and results[1]["environment"]["processes"] == 1
+    ppl = {}
+    for n in (1, 2):  # ppl shards its windows too, and its JSON says so
+        _run(["ppl", *common, "--dataset", "wikitext2", "--seq-len", "48", "--max-windows", "5", "--json", "ppl.json"],
+             tmp_path / f"run{n}", n)
+        ppl[n] = json.loads((tmp_path / f"run{n}/ppl.json").read_text())
+    assert ppl[2]["environment"]["processes"] == 2 and ppl[1]["environment"]["processes"] == 1
+    assert ppl[1]["result"]["window_nll"] == pytest.approx(ppl[2]["result"]["window_nll"], rel=1e-6)
     for key in ("rows", "comparisons", "zeroshot"):
         assert results[1][key] == results[2][key], key
     # zero-shot command under torchrun too

@@ -7,6 +7,8 @@ from orthorank.models.loading import check_context
 import argparse
 import time
 
+import torch
+
 from orthorank.cli.common import (
     DATA_DIR_HELP, add_model_args, add_output_args, add_plan_args, check_memory, check_plan_args, load_from_args,
     plan_for, positive_int, saved_plan_path,
@@ -16,6 +18,7 @@ from orthorank.evaluation.compare import dataset_stream
 from orthorank.evaluation.perplexity import make_windows, window_nll
 from orthorank.evaluation.stats import perplexity_interval
 from orthorank.method.cost import Arch
+from orthorank import distributed as dist
 from orthorank.errors import UserError
 from orthorank.method.apply import apply_plan
 from orthorank.method.registry import saved
@@ -44,6 +47,8 @@ def run(args) -> int:
     check_plan_args(args)
     saved = saved_plan_path(args)  # a missing saved plan is an error before the model loads
     text = load_eval_text(args.dataset, args.data_dir)
+    dist.init(args.device)  # under torchrun each process scores its share of the windows
+    args.device = dist.local_device(args.device)
     lm = load_from_args(args)
     if lm.tokenizer is None:
         raise UserError(f"{args.model} is a random-weight shape; perplexity needs a real model")
@@ -55,8 +60,14 @@ def run(args) -> int:
     arch = Arch.from_config(lm.config, lm.num_layers)
     apply_plan(lm.model, plan)
     start = time.perf_counter()
-    nll = window_nll(lm.model, windows, args.batch_size, progress=True, desc=f"ppl {args.dataset}")
+    mine = dist.shard(list(range(windows.shape[0])))  # windows r, r + N, ... of this process
+    part = window_nll(lm.model, windows[mine], args.batch_size, progress=dist.is_main(),
+                      desc=f"ppl {args.dataset}") if mine else torch.zeros(0, dtype=torch.float64)
+    scored = sorted(pair for rank_pairs in dist.all_gather(list(zip(mine, part.tolist()))) for pair in rank_pairs)
+    nll = torch.tensor([v for _, v in scored], dtype=part.dtype)
     seconds = time.perf_counter() - start
+    if not dist.is_main():  # one process prints and writes
+        return 0
     ci = perplexity_interval(nll.numpy(), args.seq_len - 1)
     sparsity = plan.sparsity(arch, args.seq_len)
     layers = ",".join(map(str, plan.layers)) or "-"
