@@ -16,7 +16,7 @@ import numpy as np
 
 from orthorank.evaluation.stats import resample_indices
 
-ROWS = ("orthorank", "router", "router-hybrid", "hybrid", "orthorank (policy oracle)",
+ROWS = ("orthorank", "router", "router-hybrid", "hybrid", "orthorank (policy random)", "orthorank (policy oracle)",
         "orthorank (policy loss-oracle)", "shortgpt", "shortened-ppl")
 
 
@@ -42,6 +42,15 @@ def speed_ratio(bench: dict[str, Any], a: str, b: str, iters: int = 2000) -> dic
         lo, hi = np.percentile(draws, [2.5, 97.5])
         out[int(run["seq_len"])] = (float(np.median(ratio)), float(lo), float(hi))
     return out
+
+
+def _kept_paper_rule(model: str, level: float) -> bool:
+    """Whether the committed router plan of this model and level kept the paper's rule (no router beat it on the
+    held-out calibration windows): then a comparison's `router` row, run before, is the declined router."""
+    path = Path("plans") / model / f"router-{level:g}.json"
+    if not path.is_file():
+        return False
+    return json.loads(path.read_text())["provenance"].get("router_fit", {}).get("kept") == "orthogonal"
 
 
 def model_section(folder: Path) -> str:
@@ -79,12 +88,16 @@ def model_section(folder: Path) -> str:
         sleb_c = compute.get(("sleb", level))
         if sleb_c is not None:
             lines.append(f"| {level:g} | sleb | {sleb_c:.4f} | - | 1 (reference) | - |")
+        kept_paper = _kept_paper_rule(data["model"], level)
         for row in ROWS:
             w = worst.get((row, level))
             if w is None:
                 continue
             c = compute.get((row, level))
-            lines.append(f"| {level:g} | {row} | {'-' if c is None else f'{c:.4f}'} | {w['worst_dataset']} | "
+            label = row
+            if row == "router" and kept_paper:
+                label = "router (fitted, declined: the committed plan keeps the paper's rule, the orthorank row)"
+            lines.append(f"| {level:g} | {label} | {'-' if c is None else f'{c:.4f}'} | {w['worst_dataset']} | "
                          f"{_ci(w['ratio'], *w['ci95'])} | {w['verdict']} |")
     shares = [h for h in headroom if h["method"] in ("router", "orthorank")]
     if shares:
