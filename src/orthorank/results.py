@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import io
 import json
+import os
 import platform
+import shlex
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
+import transformers
 
 from orthorank.cpu_info import cpu_flags, cpu_model_name
 from orthorank.distributed import world_size
@@ -46,14 +51,10 @@ def record_command(argv: list[str] | None) -> list[str] | None:
 
 
 def command_line() -> str | None:
-    import shlex
-
     return "orthorank " + shlex.join(_COMMAND) if _COMMAND is not None else None
 
 
 def environment(device: torch.device | str | None = None) -> dict[str, Any]:
-    import transformers
-
     dev = torch.device(device) if device is not None else torch.device("cpu")
     env = {
         "python": sys.version.split()[0],
@@ -72,7 +73,7 @@ def environment(device: torch.device | str | None = None) -> dict[str, Any]:
         "command_line": command_line(),
     }
     try:
-        import lm_eval
+        import lm_eval  # lazily: optional dependency
 
         env["lm_eval"] = lm_eval.__version__
     except Exception:  # optional dependency
@@ -102,8 +103,6 @@ def atomic_write_text(path: str | Path, text: str) -> Path:
 
 def atomic_save_figure(fig, path: str | Path, **savefig_kwargs) -> Path:
     """A matplotlib figure as a PNG, written whole or not at all."""
-    import io
-
     buf = io.BytesIO()
     fig.savefig(buf, format="png", **savefig_kwargs)
     return atomic_write_bytes(path, buf.getvalue())
@@ -112,9 +111,6 @@ def atomic_save_figure(fig, path: str | Path, **savefig_kwargs) -> Path:
 def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
     """Write a whole file or nothing: a temporary file beside it, fsync, rename (a reader never sees half a file).
     An unwritable folder or a full disk is a one-line error naming the path."""
-    import os
-    import tempfile
-
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

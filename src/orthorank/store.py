@@ -38,8 +38,10 @@ from pathlib import Path
 from typing import Any, Iterable
 
 import torch
+import transformers
 from torch import nn
 
+from orthorank import distributed as dist
 from orthorank.errors import UserError
 
 # The modules whose code decides the numbers a result of each kind holds; a change to their code (not to their
@@ -84,8 +86,6 @@ _CODE_VERSIONS: dict[str, str] = {}
 
 
 def _code_version(kind: str) -> str:
-    import transformers
-
     root = Path(__file__).resolve().parent
     h = hashlib.sha256()
     for rel in NUMERIC_MODULES[kind]:
@@ -418,8 +418,6 @@ def fill(namespace: Namespace | None, indices: Iterable[int], compute, chunk: in
 
     Chunks are fixed by index (not by what is missing or by the world size), so a chunk is always computed with
     the same batch composition: 1 process and N processes, fresh or resumed, give the same numbers."""
-    from orthorank import distributed as dist
-
     indices = list(indices)
     chunks = [indices[i:i + chunk] for i in range(0, len(indices), chunk)]
     n = dist.world_size()

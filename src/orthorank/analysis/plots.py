@@ -7,12 +7,14 @@ import io
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from orthorank.analysis.selection_map import DENSE, REMOVED
 from orthorank.analysis.stats import SinkAnalysis
 from orthorank.results import atomic_write_bytes
 
@@ -176,10 +178,6 @@ def draw_selection_map(ax: Axes, strip: Axes, m, bins: int = 512) -> None:
     """Layers (rows, 0 at the top) x token positions (binned to at most `bins` columns): for a selection layer the
     share of the bin's tokens it updated (white 0 .. dark blue 1), grey for a dense layer, black for a removed one.
     `strip` above marks the named spans."""
-    import numpy as np
-
-    from orthorank.analysis.selection_map import DENSE, REMOVED
-
     T, L = m.tokens, len(m.states)
     nb = min(bins, T)
     edges = np.linspace(0, T, nb + 1).astype(int)

@@ -10,7 +10,7 @@ import math
 from pathlib import Path
 from typing import Any, Callable
 
-from orthorank.analysis.plots import render_figures
+from orthorank.analysis.plots import render_figures, selection_map_png
 from orthorank.analysis.stats import QUANTILES, SinkAnalysis, observations, quantile_key
 from orthorank.errors import UserError
 from orthorank.results import atomic_write_bytes, atomic_write_text
@@ -198,8 +198,6 @@ _MAP_CAPTION = (
 
 
 def _maps_html(maps: list[Any], model: str) -> str:
-    from orthorank.analysis.plots import selection_map_png
-
     e = html.escape
     parts = ['<h2 id="selection-maps">Selection maps of long prompts</h2>']
     spans = sorted({k for m in maps for k in m.spans})

@@ -8,6 +8,7 @@ order each round) so that drift of the machine's speed hits all of them alike.
 
 from __future__ import annotations
 
+import copy
 import gc
 import time
 from dataclasses import dataclass, field
@@ -226,8 +227,6 @@ def decoded_update_share(model: nn.Module, spec: MethodSpec, settings: RunSettin
 
 
 def _applied_copy(model: nn.Module, spec: MethodSpec) -> nn.Module:
-    import copy
-
     twin = copy.deepcopy(model)
     spec.apply(twin)
     return twin

@@ -8,6 +8,7 @@ import time
 import torch
 
 from orthorank.cli.common import DATA_DIR_HELP, add_model_args, finite_float, load_from_args, positive_int
+from orthorank.cli.selection_map import load_maps
 from orthorank.errors import UserError
 from orthorank.evaluation.data import load_eval_text
 from orthorank.method.selection import CRITERIA
@@ -76,8 +77,6 @@ def run(args) -> int:
         raise UserError("--text is empty")
     check_out_dir(args.out, args.overwrite)
     compare = [load_compare(path) for path in args.compare_json]
-    from orthorank.cli.selection_map import load_maps
-
     maps = [m for path in args.selection_map for m in load_maps(path)]
     if args.text is not None:
         text, source = args.text, "--text"
@@ -111,14 +110,14 @@ def run(args) -> int:
 
 
 def _print_summary(a) -> None:
-    from orthorank.analysis.stats import observations
+    from orthorank.analysis.stats import observations  # lazily: orthorank.analysis imports matplotlib
 
     print(f"{'layer':>5} {'cos':>7} {'|cos|':>6} {'sink_stab':>9} {'sink|h|':>9} {'med|h|':>8} {'attn_sink':>9}")
     for l in a.layers:
         st = a.sink_stability[l]
         print(f"{l:>5} {a.cos_mean[l]:>+7.3f} {a.cos_abs_mean[l]:>6.3f} {'-' if st is None else f'{st:.4f}':>9} "
               f"{a.sink_norm[l]:>9.1f} {a.other_norm_median[l]:>8.1f} {a.attn_sink_share[l]:>9.3f}")
-    from orthorank.analysis.report import observation_lines
+    from orthorank.analysis.report import observation_lines  # lazily: orthorank.analysis imports matplotlib
 
     for line in observation_lines(a, observations(a)):
         print("- " + line)

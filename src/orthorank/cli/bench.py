@@ -9,10 +9,15 @@ loaded model.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
+import sys
 
 import torch
 
+from orthorank.method.policies import parse_variant, parse_variants
+from orthorank.models.static_decode import IMPLS
+from orthorank.runtime.cost_table import DEFAULT_RATIOS, format_cost_table, measure_cost_table, parse_ratios
 from orthorank.runtime.costmodel import flop_layer_cost, kv_fraction, selective_layer_cost
 from orthorank.bench.report import format_run
 from orthorank.method.cost import Arch
@@ -23,7 +28,7 @@ from orthorank.cli.common import (
     non_negative_int, positive_int, selection_from_args,
 )
 from orthorank.errors import UserError
-from orthorank.method.plan import Plan, check_sparsity
+from orthorank.method.plan import Plan, check_sparsity, parse_layers
 from orthorank.results import check_writable, write_json
 
 
@@ -97,13 +102,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def _check(args) -> None:
     check_sparsity(args.sparsity)
     if args.policies:
-        from orthorank.method.policies import parse_variants
-
         parse_variants(args.policies)
     bad = [m for m in args.mode if m not in MODES]
     if bad:
         raise UserError(f"unknown mode {bad[0]!r}; choose from {', '.join(MODES)}")
-    from orthorank.models.static_decode import IMPLS
 
     bad = [m for m in args.decode_impl if m not in IMPLS]
     if bad:
@@ -129,9 +131,6 @@ def _oom_types() -> tuple[type[BaseException], ...]:
 
 
 def run_cost_table(args) -> int:
-    from orthorank.runtime.cost_table import DEFAULT_RATIOS, format_cost_table, measure_cost_table, parse_ratios
-    from orthorank.method.plan import parse_layers
-
     ratios = parse_ratios(args.ratios if args.ratios is not None else list(DEFAULT_RATIOS))
     if len(args.batch) != 1 or len(args.seq_len) != 1:
         raise UserError("--cost-table takes one --batch-size and one --seq-len")
@@ -162,10 +161,6 @@ def with_policy_variants(specs: list, text: str) -> list:
     """Each OrthoRank spec followed by one spec per policy variant on its layers (method/policies.parse_variant),
     named "<method> [<variant>]"; a variant that changes only the decode policy is marked decode_only (it would
     time the same prefill twice)."""
-    import dataclasses
-
-    from orthorank.method.policies import parse_variant, parse_variants
-
     variants = parse_variants(text)
     if not any(s.kind == "orthorank" for s in specs):
         raise UserError("--policies varies OrthoRank rows: add orthorank (or spread-orthorank) to --methods")
@@ -300,8 +295,6 @@ def run(args) -> int:
 def standalone(argv: list[str] | None = None) -> int:
     """`python -m orthorank.cli.bench ...`: the bench subcommand alone, without importing the other subcommands
     (whose optional dependencies a bare GPU machine may lack)."""
-    import sys
-
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     parser = argparse.ArgumentParser(prog="orthorank")
     add_parser(parser.add_subparsers(dest="command", required=True, metavar="COMMAND"))

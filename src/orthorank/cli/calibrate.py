@@ -10,11 +10,17 @@ from pathlib import Path
 
 import torch
 
+from orthorank import distributed as dist
+from orthorank.cli.calibrate_hybrid import run_hybrid
+from orthorank.runtime.costmodel import spread_layers
+from orthorank.runtime.matching import match_speed, measured_speedups, with_ratio
+from orthorank.search.checkpoint import Checkpoint
 from orthorank.search.registry import get_search
 from orthorank.method.registry import METHODS, searched
 from orthorank.search.layer_search import StackRunner
-from orthorank.search.calibration import (DEFAULT_CALIB_BATCH, DEFAULT_CALIB_DATA, DEFAULT_CALIB_SEQ_LEN,
-                                         DEFAULT_CALIB_TOKENS)
+from orthorank.search.calibration import (
+    DEFAULT_CALIB_BATCH, DEFAULT_CALIB_DATA, DEFAULT_CALIB_SEQ_LEN, DEFAULT_CALIB_TOKENS, calibration_set,
+)
 from orthorank.search.racing import ALPHA
 from orthorank.cli.calibration_options import (
     calibration_samples, check_calibration_source, match_rules, parse_sparsities, router_base, screen_batches,
@@ -106,8 +112,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args) -> int:
     if get_search(METHODS[args.method].search).per_layer:
-        from orthorank.cli.calibrate_hybrid import run_hybrid
-
         return run_hybrid(args)
     if args.sparsity is None:
         raise UserError(f"--method {args.method} needs --sparsity")
@@ -138,11 +142,6 @@ def run(args) -> int:
         check_writable(path, args.overwrite)
     samples = calibration_samples(args)
     check_calibration_source(args.calib_data, args.data_dir)
-
-    from orthorank import distributed as dist
-    from orthorank.search.calibration import calibration_set
-    from orthorank.search.checkpoint import Checkpoint
-
     dist.init(args.device)
     lm = load_from_args(args)
     if lm.tokenizer is None:
@@ -235,9 +234,6 @@ def run(args) -> int:
 
 def _time_plans(lm, plans: list[Plan], jobs, counts, args, base_ratio: float, say) -> None:
     """Measured prefill speed-up of every plan (and, for --match speed, the keep ratio that equals pruning's)."""
-    from orthorank.runtime.matching import match_speed, measured_speedups, with_ratio
-    from orthorank.runtime.costmodel import spread_layers
-
     T = min(args.cost_seq_len, int(getattr(lm.config, "max_position_embeddings", None) or args.cost_seq_len))
     gen = torch.Generator().manual_seed(args.seed)
     window = torch.randint(0, int(lm.config.vocab_size), (T,), generator=gen)

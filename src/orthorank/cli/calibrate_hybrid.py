@@ -12,8 +12,25 @@ from pathlib import Path
 
 import torch
 
+from orthorank import distributed as dist
+from orthorank.cli.calibration_options import (
+    calibration_samples, check_calibration_source, parse_sparsities, router_base, screen_batches,
+)
+from orthorank.cli.common import check_memory, load_from_args, selection_from_args, store_from_args
 from orthorank.errors import UserError, number_list
+from orthorank.method.apply import restore_dense
+from orthorank.method.cost import Arch
+from orthorank.method.plan import REMOVE, Plan
+from orthorank.method.plan_store import sparsity_label
+from orthorank.models.loading import check_context
+from orthorank.results import check_writable
+from orthorank.runtime.cost_table import CostTable, FlopCostTable, device_description, parse_ratios
+from orthorank.search.calibration import calibration_set
+from orthorank.search.checkpoint import Checkpoint
+from orthorank.search.hybrid import check_targets, match_exactly
+from orthorank.search.layer_search import StackRunner
 from orthorank.search.racing import ALPHA
+from orthorank.search.registry import get_search
 
 
 def parse_targets(text: str) -> list[float]:
@@ -30,8 +47,6 @@ def target_label(target: float) -> str:
 
 def _table_targets(args, table, parse_ratios, parse_sparsities, check_targets, sparsity_label, REMOVE):
     """Ratios, levels, file names, targets and output paths of a hybrid search on a measured cost table."""
-    from orthorank.results import check_writable
-
     ratios = parse_ratios(args.ratios) if args.ratios is not None else table.ratios
     for r in ratios:
         table.fraction(r)
@@ -67,21 +82,6 @@ DEFAULT_LAYER_RATIOS = (0.25, 0.33, 0.5)
 def run_hybrid(args) -> int:
     """`--method hybrid` (a measured cost table, removals allowed) and `--method orthorank-ratios` (the FLOP cost
     model, no removals, the last move's ratio set so that the compute equals pruning's exactly)."""
-    from orthorank import distributed as dist
-    from orthorank.search.calibration import calibration_set
-    from orthorank.search.hybrid import check_targets, match_exactly
-    from orthorank.search.registry import get_search
-    from orthorank.search.layer_search import StackRunner
-    from orthorank.runtime.cost_table import CostTable, FlopCostTable, device_description, parse_ratios
-    from orthorank.cli.calibration_options import parse_sparsities
-    from orthorank.cli.common import check_memory, load_from_args, selection_from_args
-    from orthorank.method.apply import restore_dense
-    from orthorank.method.cost import Arch
-    from orthorank.method.plan import REMOVE, Plan
-    from orthorank.method.plan_store import sparsity_label
-    from orthorank.models.loading import check_context
-    from orthorank.results import check_writable
-
     ratios_mode = args.method == "orthorank-ratios"
     if ratios_mode:
         if args.cost_table is not None or args.target_speedup is not None:
@@ -113,12 +113,8 @@ def run_hybrid(args) -> int:
         ratios, levels, names, targets, outputs = _table_targets(args, table, parse_ratios, parse_sparsities,
                                                                  check_targets, sparsity_label, REMOVE)
 
-    from orthorank.cli.calibration_options import router_base
-
-    router_base = router_base(args)  # a missing or broken --router bank fails before the model loads
+    base_router = router_base(args)  # a missing or broken --router bank fails before the model loads
     dist.init(args.device)
-    from orthorank.cli.calibration_options import calibration_samples, check_calibration_source, screen_batches
-
     samples = calibration_samples(args)
     check_calibration_source(args.calib_data, args.data_dir)
     lm = load_from_args(args)
@@ -143,7 +139,7 @@ def run_hybrid(args) -> int:
         table.check_model(lm.name, lm.signature())
         table.check_device(device_description(lm.device))
     candidates = list(range(1, table.num_layers - 1))  # first and last layer are never touched (as in SLEB)
-    selection = selection_from_args(args, router_base)
+    selection = selection_from_args(args, base_router)
     calib = calibration_set(lm.tokenizer, args.calib_data, samples, args.seq_len, args.seed, args.data_dir)
     check_context(lm.model, args.seq_len)
     check_memory(lm, args.batch_size, args.seq_len, args.method, loss=True)
@@ -222,9 +218,6 @@ def run_hybrid(args) -> int:
         print(f"  target {t:.4f}x: {reach} after {n} steps; removed {plan.removed_layers}, selection {sel}; "
               f"calibration loss {plan.provenance['loss']:.4f}" + (" (before the exact match)" if ratios_mode else ""),
               flush=True)
-
-    from orthorank.search.checkpoint import Checkpoint
-    from orthorank.cli.common import store_from_args
 
     settings = {"cost_table": table_digest, "targets": targets, "ratios": ratios, "candidates": candidates,
                 "selection": selection.key_dict(), "screen_batches": screen,

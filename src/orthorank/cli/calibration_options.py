@@ -7,10 +7,11 @@ import argparse
 import math
 
 from orthorank.errors import UserError, number_list
+from orthorank.evaluation.data import load_calibration_part
 from orthorank.method.plan import MATCH_RULES, Plan, check_sparsity
 from orthorank.method.policies import FITTED, get_policy
 from orthorank.method.selection import SelectionConfig
-from orthorank.search.calibration import DEFAULT_CALIB_TOKENS, FIRST_RACE_TOKENS
+from orthorank.search.calibration import DEFAULT_CALIB_TOKENS, FIRST_RACE_TOKENS, parse_mix
 
 
 
@@ -73,9 +74,6 @@ def calibration_samples(args) -> int:
 
 def check_calibration_source(source: str, data_dir) -> None:
     """A missing or unknown calibration source, found before the model is loaded."""
-    from orthorank.search.calibration import parse_mix
-    from orthorank.evaluation.data import load_calibration_part
-
     for name in parse_mix(source) or [source]:
         if name != "wikitext2-train":
             load_calibration_part(name, data_dir)

@@ -12,10 +12,16 @@ import torch
 from orthorank.errors import UserError
 from orthorank.method.plan import Plan, parse_layers
 from orthorank.method.plan_store import find_plan, sparsity_label
-from orthorank.method.policies import DECODE_MODES, get_policy
+from orthorank.method.policies import DECODE_MODES, get_policy, parse_variant, parse_variants
 from orthorank.method.selection import CRITERIA, ORDERS, SOURCES, SelectionConfig
 from orthorank.method.registry import saved
-from orthorank.models.loading import EMBEDDED_MODEL, LoadedModel, load_model
+from orthorank.models.catalog import SHIPPED, package_gguf, shipped_by_package
+from orthorank.models.loading import (
+    EMBEDDED_MODEL, SHAPES, LoadedModel, gguf_model_name, load_model, package_model_name,
+)
+from orthorank.peak_memory import start_meter
+from orthorank.runtime.memory import check_fits
+from orthorank.store import ResultStore
 
 
 def policy_name(text: str) -> str:
@@ -57,8 +63,6 @@ def non_negative_int(text: str) -> int:
 def variants_without_decode(text: str, command: str, where: str) -> list[str]:
     """--policies of a command whose decode policy comes from elsewhere (longctx's --decode-modes) or that never
     decodes (selection-map): a +decode= modifier there would be dropped silently, so it is refused."""
-    from orthorank.method.policies import parse_variant, parse_variants
-
     specs = parse_variants(text)
     for spec in specs:
         if "decode" in parse_variant(spec):
@@ -177,8 +181,6 @@ def add_store_args(p: argparse.ArgumentParser) -> None:
 
 
 def store_from_args(args):
-    from orthorank.store import ResultStore
-
     return None if args.no_store else ResultStore(args.store, recompute_corrupt=args.recompute_corrupt)
 
 
@@ -213,8 +215,6 @@ def load_from_args(args) -> LoadedModel:
                     num_layers=getattr(args, "num_layers", None), max_memory=getattr(args, "max_memory", None),
                     offload_dir=getattr(args, "offload_dir", None))
     print(lm.description(), file=sys.stderr, flush=True)
-    from orthorank.peak_memory import start_meter
-
     start_meter(lm.device)  # result files record the peak above the model from here on
     return lm
 
@@ -222,8 +222,6 @@ def load_from_args(args) -> LoadedModel:
 def check_memory(lm: LoadedModel, batch: int, tokens: int, what: str, *, loss: bool = False,
                  new_tokens: int = 0, all_logits: bool | None = None) -> None:
     """Stop before a run whose batch x tokens would not fit in the memory available (runtime/memory.py)."""
-    from orthorank.runtime.memory import check_fits
-
     check_fits(lm.model, batch, tokens, what=what, loss=loss, new_tokens=new_tokens, device=lm.device,
                all_logits=all_logits)
 
@@ -261,21 +259,15 @@ def plan_from_args(args, lm: LoadedModel) -> Plan:
 
 def expected_model_name(spec: str) -> str:
     """The name load_model will give `spec` (what plans record), known before loading it."""
-    from orthorank.models.catalog import SHIPPED, shipped_by_package
-
     if spec in SHIPPED:
         return spec
     if spec.lower().endswith(".gguf"):
-        from orthorank.models.loading import gguf_model_name
-
         return gguf_model_name(spec)
     by_package = shipped_by_package(spec)
     if by_package is not None:
         return by_package.name
     if Path(spec).is_dir():
         return Path(spec).resolve().name
-    from orthorank.models.catalog import package_gguf
-    from orthorank.models.loading import SHAPES, package_model_name
 
     if spec in SHAPES or "/" in spec or Path(spec).exists():
         return spec

@@ -20,6 +20,11 @@ from orthorank.evaluation.compare import (
     Row, ablation_plans, comparisons, dataset_stream, evaluate_rows, headrooms, measure_speedups, policy_plans,
     worst_domains,
 )
+from orthorank.evaluation.overlap import MAX_SHARED, shared_share
+from orthorank.evaluation.zeroshot.convert import resolve_data_dir
+from orthorank.evaluation.zeroshot.registry import check_task_files, resolve_tasks
+from orthorank.evaluation.zeroshot.runner import require_lm_eval
+from orthorank.evaluation.zeroshot.scoring import evaluate_zeroshot_rows, zeroshot_report
 from orthorank.presentation.compare_tables import (
     comparison_table, frontier_points, headroom_table, markdown_table, plot_ppl, worst_domain_table,
 )
@@ -31,7 +36,10 @@ from orthorank.method.plan_store import plan_file_method
 from orthorank.method.policies import parse_variants
 from orthorank.method.registry import METHODS as _REGISTRY
 from orthorank.models.loading import check_context
+from orthorank.presentation.frontier import plot_frontier
 from orthorank.results import atomic_write_text, check_writable, write_json
+from orthorank.search.calibration import calibration_set
+from orthorank.store import model_fingerprint
 
 # compare takes the compute-matched names; --match adds the nominal OrthoRank rows
 # every method with saved plans (a search's, or a router fitted on them), compute-matched
@@ -121,9 +129,6 @@ def calibration_overlap(tokenizer, rows: list[Row], windows: dict, data_dir,
     shares more than MAX_SHARED of its 16-token runs with them stops the run before any evaluation.
     stop_before=True (no --max-windows given): a dataset is evaluated on its windows before the first such window
     instead, as long as one is left. Returns (one record per plan and dataset, the windows to evaluate)."""
-    from orthorank.search.calibration import calibration_set
-    from orthorank.evaluation.overlap import MAX_SHARED, shared_share
-
     built: dict[str, object] = {}
     shares = []  # (row, calibration, dataset, share per window)
     for row in rows:
@@ -211,10 +216,6 @@ def run(args) -> int:
         raise UserError("--policies varies OrthoRank rows: add orthorank to --methods")
     tasks: list[str] = []
     if args.zeroshot:
-        from orthorank.evaluation.zeroshot.convert import resolve_data_dir
-        from orthorank.evaluation.zeroshot.registry import check_task_files, resolve_tasks
-        from orthorank.evaluation.zeroshot.runner import require_lm_eval
-
         require_lm_eval()
         tasks = resolve_tasks(args.tasks)
         check_task_files(tasks, resolve_data_dir(args.data_dir))
@@ -254,7 +255,6 @@ def run(args) -> int:
     for d, n in stopped.items():
         say(f"compare: {d}: the first {n} of its {whole[d]} windows, the ones before the plans' calibration text "
             "(--max-windows chooses)")
-    from orthorank.store import model_fingerprint
 
     fp = model_fingerprint(lm.model)
     start = time.perf_counter()
@@ -270,8 +270,6 @@ def run(args) -> int:
                   continuation=args.continuation)
     zs = None
     if tasks:
-        from orthorank.evaluation.zeroshot.scoring import evaluate_zeroshot_rows
-
         zs = evaluate_zeroshot_rows(lm, rows, tasks, args.limit, args.data_dir, store, args.zeroshot_batch_size,
                                     fingerprint=fp)
     seconds = time.perf_counter() - start
@@ -326,8 +324,6 @@ def run(args) -> int:
         payload["worst_domain"] = [w.to_dict() for w in worst_domains(comps)]
         payload["headroom"] = [h.to_dict() for h in headrooms(rows)]
     if zs is not None:
-        from orthorank.evaluation.zeroshot.scoring import zeroshot_report
-
         text, data = zeroshot_report(zs, rows, tasks, args.limit)
         report += ["", text]
         payload["zeroshot"] = data
@@ -341,8 +337,6 @@ def run(args) -> int:
         plot = plot_ppl(rows, datasets, out / "compare.png", arch, args.seq_len)
         msg += f"; plot: {plot}"
         if args.measure_speed:  # perplexity against the speed-up measured in this run, every row a point
-            from orthorank.presentation.frontier import plot_frontier
-
             frontier = plot_frontier(frontier_points(rows, datasets), datasets, out / "frontier.png",
                                      f"{lm.name}, windows of {args.seq_len} tokens")
             msg += f", {frontier}"

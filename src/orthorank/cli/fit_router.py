@@ -18,9 +18,12 @@ from orthorank.cli.common import (
 from orthorank.errors import UserError, comma_items, number_list
 from orthorank.method.cost import Arch, closest_count, compute_sparsity, hybrid_compute_sparsity
 from orthorank.method.plan import DEFAULT_COST_SEQ_LEN, REMOVE, Plan, parse_layers
+from orthorank.method.policies import get_policy
 from orthorank.method.selection import keep_count
-from orthorank.search.calibration import DEFAULT_CALIB_DATA
-from orthorank.search.router_fit import DEFAULT_ALPHAS, DEFAULT_TARGETS, TARGETS, FitSettings
+from orthorank.search import router_fit  # called as router_fit.fit_router: tests patch it
+from orthorank.search.calibration import DEFAULT_CALIB_DATA, calibration_set
+from orthorank.search.router_fit import DEFAULT_ALPHAS, DEFAULT_TARGETS, TARGETS, FitSettings, fit_key
+from orthorank.store import model_fingerprint
 
 DEFAULT_SAMPLES = 32
 DEFAULT_SEQ_LEN = 512
@@ -143,10 +146,6 @@ def run(args) -> int:
     if lm.tokenizer is None:
         raise UserError("a router fit needs a real model with a tokenizer (calibration text)")
     check_memory(lm, args.batch_size, args.seq_len, "fit-router", loss=True)
-    from orthorank.method.policies import get_policy
-    from orthorank.search.calibration import calibration_set
-    from orthorank.search.router_fit import fit_router
-
     matched = None
     cost_len = args.cost_seq_len or int(plan.provenance.get("cost_seq_len", DEFAULT_COST_SEQ_LEN))
     if other is not None:
@@ -172,12 +171,10 @@ def run(args) -> int:
     checkpoint = None
     store = store_from_args(args)
     if store is not None:  # each finished recording pass is kept: a killed fit resumes after it
-        from orthorank.search.router_fit import fit_key
-        from orthorank.store import model_fingerprint
-
         checkpoint = store.namespace("router-fit", fit_key(model_fingerprint(lm.model), base, calib.windows,
                                                            settings))
-    result = fit_router(lm.model, base, calib.windows, settings, calib.provenance, log=say, checkpoint=checkpoint)
+    result = router_fit.fit_router(lm.model, base, calib.windows, settings, calib.provenance, log=say,
+                                   checkpoint=checkpoint)
     seconds = time.perf_counter() - t0
     nll = result.report["held_out_nll"]
     # a router that does not beat the paper's rule where it was chosen is not handed out by default: the plan keeps

@@ -12,17 +12,30 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tqdm.auto import tqdm
+
+from orthorank import distributed as dist
 from orthorank.cli.common import (
-    DATA_DIR_HELP, add_model_args, add_store_args, deprecated, expected_model_name, finite_float, load_from_args,
-    positive_int, saved_plan_file, store_from_args, variants_without_decode,
+    DATA_DIR_HELP, add_model_args, add_store_args, check_memory, deprecated, expected_model_name, finite_float,
+    load_from_args, positive_int, saved_plan_file, store_from_args, variants_without_decode,
 )
 from orthorank.errors import UserError
+from orthorank.evaluation.compare import policy_plans
+from orthorank.evaluation.data import find_data_dir
+from orthorank.evaluation.longbench import (
+    available_tasks, build_prompt_ids, length_bucket, load_task, score_prediction, stop_tokens,
+)
 from orthorank.evaluation.longctx import Item, Row, fmt, fmt_diff, grouped, longctx_key, run_row, summarize
+from orthorank.evaluation.longctx_suite import (
+    LENGTHS, TASKS, SuiteBuilder, load_pools, parse_lengths, parse_tasks, score,
+)
 from orthorank.method.plan import Plan
 from orthorank.method.plan_store import sparsity_label
 from orthorank.method.policies import DECODE_MODES
 from orthorank.method.registry import get_method, saved
-from orthorank.results import atomic_write_text, check_writable, write_json
+from orthorank.models.loading import check_context
+from orthorank.results import atomic_save_figure, atomic_write_text, check_writable, write_json
+from orthorank.store import digest, model_fingerprint
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
@@ -51,8 +64,6 @@ def _add_common(p: argparse.ArgumentParser) -> None:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    from orthorank.evaluation.longctx_suite import LENGTHS, TASKS
-
     p = sub.add_parser("longctx", help="offline long-context suite (needles, variable tracking, common words)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_common(p)
@@ -81,7 +92,6 @@ def _plan_path(args, model_name: str, label: str, check: bool = True) -> Path:
 
 
 def _rows(args, lm) -> list[Row]:
-    from orthorank.evaluation.compare import policy_plans
     policies = _variants(args)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     decodes = _decodes(args)
@@ -136,11 +146,6 @@ def _evaluate(args, lm, rows: list[Row], parts: list[tuple[str, list[Item], dict
     """Every row on every part (a length of the suite, a LongBench task), parts outermost so that a run stopped
     early has whole tables for the parts it finished. Each (row, part) is its own store namespace: a later run
     with more lengths or tasks reuses what earlier runs computed."""
-    from tqdm.auto import tqdm
-
-    from orthorank import distributed as dist
-    from orthorank.store import digest, model_fingerprint
-
     store = store_from_args(args)
     fp = model_fingerprint(lm.model) if store is not None else None
     results: dict[str, dict] = {row.name: {} for row in rows}
@@ -160,8 +165,6 @@ def _evaluate(args, lm, rows: list[Row], parts: list[tuple[str, list[Item], dict
 
 def _check_memory(args, lm, parts) -> None:
     """The longest prompt with the most new tokens, at the batch asked, must fit (runtime/memory.py)."""
-    from orthorank.cli.common import check_memory
-
     items = [it for _, its, _ in parts for it in its]
     if items:
         check_memory(lm, min(args.batch_size, len(items)), max(len(it.ids) for it in items), args.command,
@@ -229,8 +232,6 @@ def _tables(rows: list[Row], results: dict[str, dict], group_of, groups: list[st
 
 
 def _finish(args, lm, rows, results, tables: list[str], summaries: dict, command: str, extra: dict) -> None:
-    from orthorank import distributed as dist
-
     if not dist.is_main():
         return
     text = "\n\n".join(tables)
@@ -247,10 +248,6 @@ def _finish(args, lm, rows, results, tables: list[str], summaries: dict, command
 
 
 def run_suite(args) -> int:
-    from orthorank import distributed as dist
-    from orthorank.evaluation.longctx_suite import SuiteBuilder, load_pools, parse_lengths, parse_tasks, score
-    from orthorank.models.loading import check_context
-
     tasks, lengths = parse_tasks(args.tasks), parse_lengths(args.lengths)
     out = Path(args.out)
     check_writable(out / "longctx.json", args.overwrite)
@@ -292,10 +289,10 @@ def run_suite(args) -> int:
 
 
 def _plot(rows, summaries, lengths, path: Path) -> None:
-    import matplotlib
+    import matplotlib  # lazily: optional on the bench path (only figures need matplotlib)
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazily: optional on the bench path (only figures need matplotlib)
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for row in rows:
@@ -309,19 +306,11 @@ def _plot(rows, summaries, lengths, path: Path) -> None:
     ax.set_ylabel("accuracy, mean over tasks (%)")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    from orthorank.results import atomic_save_figure
-
     atomic_save_figure(fig, path, dpi=120)
     plt.close(fig)
 
 
 def run_longbench(args) -> int:
-    from orthorank import distributed as dist
-    from orthorank.evaluation.data import find_data_dir
-    from orthorank.evaluation.longbench import (
-        available_tasks, build_prompt_ids, length_bucket, load_task, score_prediction, stop_tokens,
-    )
-
     out = Path(args.out)
     check_writable(out / "longbench.json", args.overwrite)
     if args.data_dir:

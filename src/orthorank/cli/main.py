@@ -7,7 +7,9 @@ import importlib
 import os
 import sys
 
+from orthorank import distributed
 from orthorank.errors import UserError
+from orthorank.results import record_command
 
 # One module per subcommand; each defines `add_parser(subparsers)` that sets `func(args) -> int`.
 COMMAND_MODULES = [
@@ -47,9 +49,6 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     parser = build_parser()
     args = parser.parse_args(argv)
-    from orthorank import distributed
-    from orthorank.results import record_command
-
     record_command(sys.argv[1:] if argv is None else argv)
     finished = False
     try:

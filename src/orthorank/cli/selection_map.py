@@ -15,6 +15,10 @@ from pathlib import Path
 from orthorank.cli.common import DATA_DIR_HELP, add_model_args, add_plan_args, check_plan_args, load_from_args, \
     plan_for, positive_int, saved_plan_path, variants_without_decode
 from orthorank.errors import UserError
+from orthorank.evaluation.compare import policy_plans
+from orthorank.evaluation.data import find_data_dir
+from orthorank.evaluation.longbench import load_task, prompt_text
+from orthorank.evaluation.longctx_suite import SuiteBuilder, load_pools, parse_lengths
 from orthorank.results import atomic_write_bytes, atomic_write_text, check_writable, write_json
 
 MAP_JSON = "selection-map.json"
@@ -66,8 +70,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _needle(lm, spec: list[str], data_dir):
+    # lazily: orthorank.analysis imports matplotlib
     from orthorank.analysis.selection_map import needle_spans, tokenize_with_spans
-    from orthorank.evaluation.longctx_suite import SuiteBuilder, load_pools, parse_lengths
 
     if len(spec) not in (2, 3):
         raise UserError("write needle:LENGTH[:INDEX or FIRST-LAST], e.g. needle:2k or needle:2k:0-19")
@@ -99,9 +103,8 @@ def _index(spec: list[str], default: int | None) -> int | None:
 
 
 def _longbench(lm, spec: list[str], data_dir, max_tokens: int):
+    # lazily: orthorank.analysis imports matplotlib
     from orthorank.analysis.selection_map import template_spans, tokenize_with_spans
-    from orthorank.evaluation.data import find_data_dir
-    from orthorank.evaluation.longbench import load_task, prompt_text
 
     if len(spec) not in (2, 3):
         raise UserError("write longbench:TASK[:INDEX], e.g. longbench:multi_news")
@@ -156,9 +159,8 @@ def _prompts(lm, text: str, data_dir, max_tokens: int):
 
 
 def run(args) -> int:
-    from orthorank.analysis.plots import selection_map_png
-    from orthorank.analysis.selection_map import take_map
-    from orthorank.evaluation.compare import policy_plans
+    from orthorank.analysis.plots import selection_map_png  # lazily: orthorank.analysis imports matplotlib
+    from orthorank.analysis.selection_map import take_map  # lazily: orthorank.analysis imports matplotlib
 
     out = Path(args.out)
     check_writable(out / MAP_JSON, args.overwrite)
@@ -206,7 +208,7 @@ def run(args) -> int:
 
 def load_maps(path: str | Path) -> list:
     """The maps of a selection-map JSON (for the analysis report)."""
-    from orthorank.analysis.selection_map import SelectionMap
+    from orthorank.analysis.selection_map import SelectionMap  # lazily: orthorank.analysis imports matplotlib
 
     try:
         data = json.loads(Path(path).read_text())

@@ -3,18 +3,28 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
 
-from orthorank.cli.common import DATA_DIR_HELP, add_model_args, expected_model_name
+import torch
+
+from orthorank import cpu_info  # called as cpu_info.cpu_multiplies_bf16: tests patch it
+from orthorank import distributed as dist
+from orthorank.cli.common import DATA_DIR_HELP, add_model_args, expected_model_name, load_from_args
+from orthorank.cli.main import build_parser
 from orthorank.errors import UserError
+from orthorank.models.loading import default_device
+from orthorank.results import atomic_write_text, environment, record_command
+from orthorank.study.budgets import BUDGETS, get_budget
+from orthorank.study.claims import claims_markdown, study_claims, tally
+from orthorank.study.context import StudyContext
+from orthorank.study.report import write_study_report, write_summary
+from orthorank.study.stages import STAGES, run_stage, stage_names
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    from orthorank.study.budgets import BUDGETS
-    from orthorank.study.stages import stage_names
-
     p = sub.add_parser("study", help="the paper's whole study for one model: one folder, one report",
                        description="Sink analysis, plans of every method at 10% and 20%, perplexity on every "
                                    "domain with the ablations, zero-shot, long inputs, speed, the router policy and "
@@ -41,9 +51,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run_command(argv: list[str]) -> int:
     """One command in this process, without main()'s shutdown of the process group between stages."""
-    from orthorank.cli.main import build_parser
-    from orthorank.results import record_command
-
     try:
         args = build_parser().parse_args(argv)
     except SystemExit as exc:  # argparse has printed why
@@ -59,17 +66,11 @@ def run_command(argv: list[str]) -> int:
 
 
 def run(args) -> int:
-    from orthorank import distributed as dist
-    from orthorank.study.report import write_summary
-
     if args.summary:
         path = write_summary([Path(d) for d in args.summary], Path(args.out), args.overwrite)
         print(Path(args.out) / "summary.md")
         print(path)
         return 0
-    from orthorank.study.budgets import get_budget
-    from orthorank.study.context import StudyContext
-    from orthorank.study.stages import STAGES, run_stage, stage_names
 
     budget = get_budget(args.budget)
     wanted = stage_names(optional=False) if args.stages is None else [s.strip() for s in args.stages.split(",") if s.strip()]
@@ -117,13 +118,8 @@ def study_dtype(requested: str, device: str | None) -> str:
     faster (benchmarks/results/study-time) and bfloat16 moves perplexity by at most 0.5%, inside every interval
     (benchmarks/results/bf16-vs-fp32). Elsewhere `auto` is what every command takes it to be (float32 on a CPU,
     bfloat16 on a GPU). A study folder records the dtype it ran in."""
-    import torch
-
-    from orthorank.cpu_info import cpu_multiplies_bf16
-    from orthorank.models.loading import default_device
-
     on_cpu = (torch.device(device) if device else default_device()).type == "cpu"
-    if requested == "auto" and on_cpu and cpu_multiplies_bf16():
+    if requested == "auto" and on_cpu and cpu_info.cpu_multiplies_bf16():
         print("study: dtype auto -> bfloat16 (this CPU multiplies bfloat16 natively; --dtype float32 for float32)",
               file=sys.stderr)
         return "bfloat16"
@@ -133,11 +129,6 @@ def study_dtype(requested: str, device: str | None) -> str:
 def _check_manifest(out: Path, manifest: dict, write: bool) -> None:
     """A study folder holds one model at one budget and dtype: a rerun with others would mark every stage done and
     report the old numbers under the new name."""
-    import json
-
-    from orthorank import distributed as dist
-    from orthorank.results import atomic_write_text
-
     path = out / "study-manifest.json"
     if path.is_file():
         old = json.loads(path.read_text())
@@ -151,10 +142,6 @@ def _check_manifest(out: Path, manifest: dict, write: bool) -> None:
 
 def _record_seconds(out: Path, seconds: dict[str, float]) -> dict[str, float]:
     """Merge stage seconds into DIR/stage-seconds.json (a stage run again replaces its earlier time)."""
-    import json
-
-    from orthorank.results import atomic_write_text
-
     timing_file = out / "stage-seconds.json"
     earlier = json.loads(timing_file.read_text()) if timing_file.is_file() else {}
     merged = {**earlier, **seconds}
@@ -163,12 +150,6 @@ def _record_seconds(out: Path, seconds: dict[str, float]) -> dict[str, float]:
 
 
 def _report(args, ctx, seconds: dict[str, float], total: float) -> None:
-    from orthorank.cli.common import load_from_args
-    from orthorank.results import environment
-    from orthorank.study.claims import claims_markdown, study_claims, tally
-    from orthorank.study.report import write_study_report
-    from orthorank.study.stages import STAGES
-
     lm = load_from_args(args)
     claims = [c.to_json() for c in study_claims(ctx.out, ctx.budget)]
     all_seconds = _record_seconds(ctx.out, seconds)

@@ -8,12 +8,18 @@ import time
 
 import numpy as np
 
+from orthorank import distributed as dist
 from orthorank.cli.common import (
-    DATA_DIR_HELP, add_model_args, add_output_args, add_plan_args, check_plan_args, load_from_args, plan_for,
-    positive_int, saved_plan_path,
+    DATA_DIR_HELP, add_model_args, add_output_args, add_plan_args, add_store_args, check_plan_args, load_from_args,
+    plan_for, positive_int, saved_plan_path, store_from_args,
 )
 from orthorank.errors import UserError
-from orthorank.evaluation.zeroshot.registry import ALL_TASKS, MAIN_TASKS, TASKS, resolve_tasks
+from orthorank.evaluation.compare import Row
+from orthorank.evaluation.stats import mean_stderr
+from orthorank.evaluation.zeroshot.convert import resolve_data_dir
+from orthorank.evaluation.zeroshot.registry import ALL_TASKS, MAIN_TASKS, TASKS, check_task_files, resolve_tasks
+from orthorank.evaluation.zeroshot.runner import DEFAULT_BATCH_SIZE, format_table, require_lm_eval
+from orthorank.evaluation.zeroshot.scoring import evaluate_zeroshot_rows
 from orthorank.method.registry import saved
 from orthorank.results import check_writable, write_json
 
@@ -40,22 +46,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "and every row's result are those of batch size 1")
     p.add_argument("--metric", choices=("acc", "acc_norm"), default="acc", help="metric of the printed table (default %(default)s)")
     add_output_args(p)
-    from orthorank.cli.common import add_store_args
-
     add_store_args(p)
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
-    from orthorank import distributed as dist
-    from orthorank.cli.common import store_from_args
-    from orthorank.evaluation.compare import Row
-    from orthorank.evaluation.stats import mean_stderr
-    from orthorank.evaluation.zeroshot.convert import resolve_data_dir
-    from orthorank.evaluation.zeroshot.registry import check_task_files
-    from orthorank.evaluation.zeroshot.runner import DEFAULT_BATCH_SIZE, format_table, require_lm_eval
-    from orthorank.evaluation.zeroshot.scoring import evaluate_zeroshot_rows
-
     check_writable(args.json_out, args.overwrite)
     names = resolve_tasks(args.tasks)
     check_plan_args(args)

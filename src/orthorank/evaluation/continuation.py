@@ -14,11 +14,15 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from tqdm.auto import tqdm
 
+from orthorank import distributed as dist
+from orthorank.evaluation.perplexity import perplexity_key
 from orthorank.method.apply import selective
 from orthorank.models.adapters import get_adapter
 from orthorank.models.loading import input_device
 from orthorank.models.static_decode import cache_kwarg, output_cache
+from orthorank.store import code_version, fill
 
 
 class UpdateCounter:
@@ -73,9 +77,6 @@ def continuation_nll(model: nn.Module, windows: torch.Tensor) -> tuple[torch.Ten
 def continuation_key(model: nn.Module, plan, dataset: str, stream: torch.Tensor, seq_len: int,
                      fingerprint: str | None = None) -> dict:
     """perplexity_key's fields (weights, plan, token stream, length, dtype), scored by continuation."""
-    from orthorank.evaluation.perplexity import perplexity_key
-    from orthorank.store import code_version
-
     return {**perplexity_key(model, plan, dataset, stream, seq_len, fingerprint), "scoring": "continuation",
             "code": code_version("continuation")}
 
@@ -84,11 +85,6 @@ def stored_continuation(model: nn.Module, windows: torch.Tensor, namespace=None,
                         progress: bool = False, desc: str = "continuation") -> tuple[torch.Tensor, list[float | None]]:
     """continuation_nll through the result store (finished windows read back, the rest computed in fixed batches of
     `batch_size` windows, written as each batch finishes): (NLL per window [n], updated share per window)."""
-    from tqdm.auto import tqdm
-
-    from orthorank import distributed as dist
-    from orthorank.store import fill
-
     n = windows.shape[0]
     bar = tqdm(total=n, desc=desc, disable=not progress or not dist.is_main(), leave=False, unit="win")
 

@@ -83,7 +83,7 @@ def find_data_dir(explicit: str | Path | None = None) -> Path | None:
 
 def _hub_text(dataset: str, split: str) -> str:
     try:
-        import datasets  # optional
+        import datasets  # lazily: optional dependency, only the hub fallback reads it
     except ImportError:
         datasets = None
     if datasets is None or os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("HF_DATASETS_OFFLINE") == "1":

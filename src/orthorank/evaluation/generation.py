@@ -6,18 +6,17 @@ from __future__ import annotations
 import time
 
 import torch
+from transformers import CompileConfig, TextStreamer
 
 from orthorank.runtime.bandwidth import decode_bound, decode_step_bytes, process_bandwidth
 from orthorank.models.loading import input_device
-from orthorank.models.static_decode import allocated_static_cache, cache_kwarg
+from orthorank.models.static_decode import allocated_static_cache, cache_kwarg, compile_available, warn_once
 
 
 class Timer:
     """A streamer that stamps the first new token and the last one (and prints text for one prompt)."""
 
     def __init__(self, tokenizer, echo: bool) -> None:
-        from transformers import TextStreamer
-
         self.streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True) if echo else None
         self.start = time.perf_counter()
         self.calls = 0
@@ -55,13 +54,11 @@ def compile_kwargs(device: torch.device, compile: bool) -> dict:
     without it the step stays eager everywhere, so a measured speed says which path it timed."""
     if not compile:
         return {"disable_compile": True}
-    from orthorank.models.static_decode import compile_available, warn_once
 
     why = compile_available(device)
     if why is not None:
         warn_once(f"{why}; decoding eagerly")
         return {"disable_compile": True}
-    from transformers import CompileConfig
 
     config = CompileConfig(fullgraph=False, dynamic=False)  # selection layers may graph-break (threshold decode)
     config._compile_all_devices = True

@@ -53,7 +53,7 @@ def qa_f1_score(prediction: str, ground_truth: str, **_) -> float:
 
 
 def rouge_score(prediction: str, ground_truth: str, **_) -> float:
-    from rouge_score import rouge_scorer
+    from rouge_score import rouge_scorer  # lazily: optional dependency (orthorank[eval])
 
     if not prediction.strip() or not ground_truth.strip():
         return 0.0
@@ -80,7 +80,7 @@ def count_score(prediction: str, ground_truth: str, **_) -> float:
 
 
 def code_sim_score(prediction: str, ground_truth: str, **_) -> float:
-    from rapidfuzz import fuzz
+    from rapidfuzz import fuzz  # lazily: optional dependency (orthorank[eval])
 
     line = ""
     for candidate in prediction.lstrip("\n").split("\n"):

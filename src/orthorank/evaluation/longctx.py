@@ -3,7 +3,7 @@ through the result store (resumable, shardable under torchrun), with intervals a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import numpy as np
@@ -13,6 +13,8 @@ from orthorank.evaluation.generation import generate_rows
 from orthorank.evaluation.stats import Interval, accuracy_interval, paired_difference
 from orthorank.method.apply import apply_plan, restore_dense
 from orthorank.method.plan import Plan
+from orthorank.models.loading import input_device
+from orthorank.store import code_version, fill, model_fingerprint
 
 
 @dataclass
@@ -29,7 +31,6 @@ class Row:
     def applied(self) -> Plan:
         if self.plan.method != "orthorank" or self.decode is None:
             return self.plan
-        from dataclasses import replace
 
         return replace(self.plan, selection=replace(self.plan.selection, decode=self.decode))
 
@@ -47,9 +48,6 @@ class Item:
 
 def longctx_key(model: nn.Module, plan: Plan, suite: str, settings: dict[str, Any],
                 fingerprint: str | None = None) -> dict:
-    from orthorank.models.loading import input_device
-    from orthorank.store import code_version, model_fingerprint
-
     return {"model": fingerprint or model_fingerprint(model), "plan": plan.content_hash(), "suite": suite,
             "settings": settings, "dtype": str(next(model.parameters()).dtype),
             "device": input_device(model).type, "code": code_version("longctx")}
@@ -57,8 +55,6 @@ def longctx_key(model: nn.Module, plan: Plan, suite: str, settings: dict[str, An
 
 def run_row(lm, row: Row, items: list[Item], namespace=None, batch_size: int = 1, progress=None) -> dict[str, dict]:
     """{item key: {"score", "prediction", "new_tokens"}} for one row, resuming from the store."""
-    from orthorank.store import fill
-
     plan = row.applied()
     apply_plan(lm.model, plan)
 

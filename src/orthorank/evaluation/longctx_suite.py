@@ -22,6 +22,7 @@ import re
 from dataclasses import dataclass, field
 
 from orthorank.errors import UserError
+from orthorank.evaluation.data import load_eval_text
 
 TASKS = ("niah_single", "niah_multikey", "niah_multivalue", "variable_tracking", "common_words")
 LENGTHS = {"1k": 1024, "2k": 2048, "4k": 4096, "8k": 8192}
@@ -218,6 +219,4 @@ def score(prediction: str, answers: list[str]) -> float:
 
 def load_pools(data_dir=None) -> dict[str, list[str]]:
     """Sentence pools from the offline WikiText-2 test text and the C4 validation sample."""
-    from orthorank.evaluation.data import load_eval_text
-
     return {name: split_sentences(load_eval_text(name, data_dir)) for name in ("wikitext2", "c4")}

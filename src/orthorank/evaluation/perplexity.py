@@ -8,9 +8,12 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+from tqdm.auto import tqdm
 
+from orthorank import distributed as dist
 from orthorank.errors import UserError
 from orthorank.models.loading import input_device
+from orthorank.store import code_version, digest, fill, model_fingerprint
 
 
 @dataclass
@@ -74,8 +77,6 @@ def make_windows(ids: torch.Tensor, seq_len: int, max_windows: int | None = None
 def window_nll(model: nn.Module, windows: torch.Tensor, batch_size: int = 1, progress: bool = False,
                desc: str = "perplexity") -> torch.Tensor:
     """Summed NLL per window: [n_windows] (float64). Each window predicts seq_len - 1 tokens."""
-    from tqdm.auto import tqdm
-
     device = input_device(model)
     out = []
     bar = tqdm(total=windows.shape[0], desc=desc, disable=not progress, leave=False, unit="win")
@@ -93,8 +94,6 @@ def perplexity_key(model: nn.Module, plan, dataset: str, stream: torch.Tensor, s
                     fingerprint: str | None = None) -> dict:
     """The result-store key of per-window NLLs: model weights, plan content, the exact token stream the windows are
     cut from (so data, tokenizer and BOS handling are covered), window length, dtype and code version."""
-    from orthorank.store import code_version, digest, model_fingerprint
-
     return {
         "model": fingerprint or model_fingerprint(model),
         "plan": plan.content_hash(),
@@ -112,10 +111,6 @@ def stored_window_nll(model: nn.Module, windows: torch.Tensor, namespace=None, b
                       progress: bool = False, desc: str = "perplexity") -> torch.Tensor:
     """window_nll through the result store: finished windows are read back, the rest computed (split across the
     ranks of a torchrun run, in fixed batches of `batch_size` windows) and written as each batch finishes."""
-    from orthorank import distributed as dist
-    from orthorank.store import fill
-    from tqdm.auto import tqdm
-
     n = windows.shape[0]
     bar = tqdm(total=n, desc=desc, disable=not progress or not dist.is_main(), leave=False, unit="win")
 

@@ -27,6 +27,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 from orthorank.errors import UserError
 from orthorank.method import attention_split
@@ -219,13 +220,12 @@ def _family_eager(attn_module: nn.Module | None) -> Callable:
     mod = sys.modules[type(attn_module).__module__] if attn_module is not None else None
     fn = getattr(mod, "eager_attention_forward", None)
     if fn is None:
+        # lazily: the llama modeling module costs ~0.8 s to import; only families without their own need it
         from transformers.models.llama.modeling_llama import eager_attention_forward as fn
     return fn
 
 
 def _flex(q, q_pos, k, v, scale, k_offset, key_valid, window, softcap, mask) -> torch.Tensor:
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-
     B, K, H, hd = q.shape
     Hkv, S = k.shape[1], k.shape[2]
     if mask is not None:  # the model's own 4-D rows (rare under flex: a user-supplied mask)

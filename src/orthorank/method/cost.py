@@ -20,6 +20,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
+from orthorank.method.selection import keep_count
 from orthorank.models.arch import Arch  # noqa: F401  (plans and costs name it from here)
 
 
@@ -53,8 +54,6 @@ def head_flops(arch: Arch) -> float:
 
 
 def kept_fraction(seq_len: int, ratio: float) -> float:
-    from orthorank.method.selection import keep_count
-
     return keep_count(seq_len, ratio) / seq_len
 
 
@@ -131,8 +130,6 @@ def ratio_to_match(arch: Arch, seq_len: int, target: float, count: int, base_rat
     `target` at `seq_len` (exact matching: the layer count alone overshoots, since each selection layer skips a
     fixed share). Ratios are K / seq_len for a whole number of kept tokens K, so the plan keeps exactly K tokens of
     a window of seq_len; the remaining error is under one token per layer."""
-    from orthorank.method.selection import keep_count
-
     def skipped(k: int) -> float:
         return compute_sparsity(arch, seq_len, "orthorank", count, k / seq_len, scoring=scoring)
 

@@ -15,6 +15,7 @@ from orthorank.method.cost import (
     Arch, compute_sparsity, hybrid_compute_sparsity, nominal_sparsity, selection_layers_to_match,
 )
 from orthorank.method.selection import SelectionConfig
+from orthorank.results import atomic_write_text
 
 PLAN_FORMAT = "orthorank-plan/1"
 METHODS = ("dense", "orthorank", "prune", "hybrid")
@@ -213,7 +214,6 @@ class Plan:
         path = Path(path)
         if path.exists() and not overwrite:
             raise UserError(f"{path} exists; pass --overwrite to replace it")
-        from orthorank.results import atomic_write_text
 
         atomic_write_text(path, json.dumps(self.to_dict(), indent=2) + "\n")
         return path

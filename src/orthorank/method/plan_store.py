@@ -7,6 +7,7 @@ from pathlib import Path
 
 from orthorank.errors import UserError
 from orthorank.method.plan import check_sparsity
+from orthorank.method.registry import METHODS
 
 PLANS_DIR = "plans"
 
@@ -14,8 +15,6 @@ PLANS_DIR = "plans"
 def plan_file_method(search: str, match: str = "compute") -> str:
     """The file-name label of a search's plans: OrthoRank plans matched by the paper's nominal rule are kept apart
     from the default compute-matched ones (orthorank-nominal-0.2.json vs orthorank-0.2.json)."""
-    from orthorank.method.registry import METHODS
-
     for m in METHODS.values():
         if m.search == search and m.match == match:
             return m.plan_label

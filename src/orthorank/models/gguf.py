@@ -9,11 +9,24 @@ follows in loading.py, once the config is known).
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+import torch
+import transformers
+from safetensors.torch import save_model
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
 from orthorank.errors import UserError
+from orthorank.models.catalog import cache_dir
 
 MAGIC = b"GGUF"
 # Stored without quantization; everything else must be dequantizable by gguf.quants.
@@ -38,8 +51,8 @@ def check_gguf(path: str | Path) -> GGUFInfo:
     if head != MAGIC:
         raise UserError(f"{path} is not a GGUF file (it does not start with the GGUF magic bytes)")
     try:
-        import gguf
-        from gguf import GGUFReader
+        import gguf  # lazily: optional on a bare GPU machine (tests/test_bench.py)
+        from gguf import GGUFReader  # lazily: optional on a bare GPU machine (tests/test_bench.py)
     except ImportError:
         raise UserError("loading GGUF files needs the gguf package: pip install gguf") from None
     try:
@@ -59,11 +72,10 @@ def check_gguf(path: str | Path) -> GGUFInfo:
     if bad:
         raise UserError(f"{path} holds tensors of quantization type {', '.join(bad)}, which the gguf package "
                         f"{getattr(gguf, '__version__', '')} cannot dequantize for transformers".replace("  ", " "))
+    # lazily: only a .gguf file needs transformers' GGUF reader
     from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
 
     if architecture not in GGUF_SUPPORTED_ARCHITECTURES:
-        import transformers
-
         raise UserError(f"{path} is a GGUF of architecture {architecture!r}, which transformers "
                         f"{transformers.__version__} cannot load from GGUF")
     ctx = fields.get(f"{architecture}.context_length")
@@ -87,16 +99,6 @@ def converted_folder(path: str | Path, check_config: Callable[[Any], None] | Non
     vocabulary each parse takes tens of seconds in Python) and dequantizes every tensor on every load; a converted
     folder loads in seconds. Dequantized values are exact in float32, so loading the folder in any dtype gives what
     loading the GGUF in that dtype gives. The folder is written under a temporary name and renamed into place."""
-    import hashlib
-    import os
-    import shutil
-    import sys
-    import tempfile
-
-    import transformers
-
-    from orthorank.models.catalog import cache_dir
-
     path = Path(path).resolve()
     st = path.stat()
     key = hashlib.sha256(f"{path}|{st.st_size}|{st.st_mtime_ns}|{transformers.__version__}".encode()).hexdigest()
@@ -104,12 +106,6 @@ def converted_folder(path: str | Path, check_config: Callable[[Any], None] | Non
     if (folder / "config.json").is_file():
         return folder
     check_gguf(path)
-    import json
-    import time
-
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
     if check_config is not None:  # e.g. a family we have no adapter for: refused before the slow conversion
         check_config(_gguf_step("read the config of", path,
                                 lambda: AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)))
@@ -133,8 +129,6 @@ def converted_folder(path: str | Path, check_config: Callable[[Any], None] | Non
                                lambda: AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name))
         # save_pretrained refuses a model loaded from GGUF ("quantized with gguf"), though its weights are plain
         # tensors by now: write the config without the quantizer's mark, and the weights with safetensors.
-        from safetensors.torch import save_model
-
         try:
             model.config.__dict__.pop("quantization_config", None)
             model.config.save_pretrained(tmp)

@@ -10,9 +10,11 @@ from typing import Any
 
 import torch
 from torch import nn
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+from transformers.utils import logging as hf_logging
 
 from orthorank.errors import UserError
-from orthorank.models.adapters import get_adapter
+from orthorank.models.adapters import _ADAPTERS, get_adapter, supported_families
 from orthorank.models.catalog import SHIPPED, package_gguf, shipped_by_file, shipped_by_package
 from orthorank.models.gguf import converted_folder
 from orthorank.models.shapes import SHAPES, shape_config
@@ -147,6 +149,7 @@ def parse_max_memory(text: str | None, device: torch.device) -> dict[str, str] |
 
 
 def _bytes(size: str) -> int:
+    # lazily: optional on a bare GPU machine (tests/test_bench.py)
     from accelerate.utils import convert_file_size_to_int
 
     try:
@@ -192,7 +195,7 @@ def layer_device_map(model: nn.Module, device: torch.device, max_memory: dict) -
 
 def dispatch(model: nn.Module, device: torch.device, max_memory: dict, offload_dir: str | None) -> nn.Module:
     """Spread the model over GPU, CPU and disk with accelerate, whole decoder layers at a time."""
-    from accelerate import dispatch_model
+    from accelerate import dispatch_model  # lazily: optional on a bare GPU machine (tests/test_bench.py)
 
     device_map = layer_device_map(model, device, max_memory)
     if "disk" in device_map.values() and not offload_dir:
@@ -215,9 +218,6 @@ def load_model(
 ) -> LoadedModel:
     """`spec`: a shipped model ("smollm2-135m", "gemma3-270m"), a shape name (random weights), a .gguf path, an
     installed model package, a local folder, or a hub id."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
-
     hf_logging.set_verbosity_error()
     dev = torch.device(device) if device is not None else default_device()
     torch_dtype = resolve_dtype(dtype, dev)
@@ -253,8 +253,6 @@ def load_model(
         )
 
     try:
-        from transformers import AutoConfig
-
         check_family(AutoConfig.from_pretrained(folder, **model_kwargs), spec)
         tokenizer = AutoTokenizer.from_pretrained(folder, **tok_kwargs)
         model = AutoModelForCausalLM.from_pretrained(folder, **model_kwargs, **kwargs)
@@ -275,8 +273,6 @@ def load_model(
 
 def check_family(config, spec: str) -> None:
     """Refuse a model family without an adapter before its weights are loaded."""
-    from orthorank.models.adapters import _ADAPTERS, supported_families
-
     if config.model_type not in _ADAPTERS:
         raise UserError(f"model family {config.model_type!r} of {spec!r} is not supported; supported families: "
                         f"{', '.join(supported_families())}")

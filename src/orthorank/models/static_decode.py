@@ -16,13 +16,17 @@ whose float differences do not change an argmax in the tested cases.
 
 from __future__ import annotations
 
+import inspect
+import shutil
 import sys
 from typing import Any, Callable
 
 import torch
 from torch import nn
+from transformers import StaticCache
 
 from orthorank.models.adapters import get_adapter
+from orthorank.models.arch import Arch
 
 IMPLS = ("eager", "static", "compile")
 _WARNED: set[str] = set()
@@ -30,8 +34,6 @@ _WARNED: set[str] = set()
 
 def cache_kwarg(module: nn.Module) -> str:
     """transformers 5.17 calls the cache `past_key_values`, later releases `cache` (the old name is deprecated)."""
-    import inspect
-
     params = inspect.signature(type(module).forward).parameters
     return "cache" if "cache" in params else "past_key_values"
 
@@ -53,8 +55,6 @@ def compile_available(device: torch.device) -> str | None:
     if not hasattr(torch, "compile"):
         return "this torch has no torch.compile"
     if device.type == "cpu":
-        import shutil
-
         if not any(shutil.which(c) for c in ("g++", "c++", "clang++")):
             return "no C++ compiler on PATH for torch.compile's CPU backend"
     return None
@@ -68,11 +68,7 @@ def allocated_static_cache(model: nn.Module, batch: int, max_len: int) -> Any:
     resident peak of a 4k-token generation of the embedded model varied from 417 to 475 MiB between identical runs
     (estimate 361), against 313-315 MiB with the cache allocated first (benchmarks/results/memory)."""
     config = getattr(model.config, "text_config", None) or model.config
-    from transformers import StaticCache
-
     cache = StaticCache(config=model.config, max_cache_len=max_len)
-    from orthorank.models.arch import Arch
-
     arch = Arch.from_config(config)
     devices = set(getattr(model, "hf_device_map", {}).values())
     if len(devices) > 1:  # layers on several devices (or offloaded): each layer's cache goes where its keys are

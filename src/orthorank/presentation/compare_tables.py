@@ -94,10 +94,10 @@ def comparison_table(comps: list[Comparison], datasets: list[str]) -> str:
 
 
 def plot_ppl(rows: list[Row], datasets: list[str], path: Path, arch: Arch, seq_len: int) -> Path:
-    import matplotlib
+    import matplotlib  # lazily: optional on the bench path (only figures need matplotlib)
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazily: optional on the bench path (only figures need matplotlib)
 
     fig, axes = plt.subplots(1, len(datasets), figsize=(5.8 * len(datasets), 4.4), squeeze=False)
     for ax, ds in zip(axes[0], datasets):

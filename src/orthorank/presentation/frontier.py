@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from orthorank.results import atomic_save_figure
+
 
 @dataclass
 class FrontierPoint:
@@ -18,10 +20,10 @@ class FrontierPoint:
 
 
 def plot_frontier(points: list[FrontierPoint], datasets: list[str], path: str | Path, title: str = "") -> Path:
-    import matplotlib
+    import matplotlib  # lazily: optional on the bench path (only figures need matplotlib)
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazily: optional on the bench path (only figures need matplotlib)
 
     colors = {"dense": "black", "sleb": "tab:blue", "orthorank": "tab:orange", "hybrid": "tab:green",
               "shortened": "tab:purple", "shortgpt": "tab:brown", "orthorank-nominal": "tab:red"}
@@ -61,8 +63,6 @@ def plot_frontier(points: list[FrontierPoint], datasets: list[str], path: str | 
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.tight_layout()
-    from orthorank.results import atomic_save_figure
-
     path = atomic_save_figure(fig, path, dpi=120)
     plt.close(fig)
     return path

@@ -23,6 +23,7 @@ from typing import Any, Iterable
 import torch
 from torch import nn
 
+from orthorank.method.cost import Arch
 from orthorank.models.adapters import get_adapter
 
 COPY_MIB = 256  # far above any last-level cache, so the copy measures DRAM
@@ -65,8 +66,6 @@ def _bytes(module: nn.Module) -> int:
 
 def _kv_row_bytes(config: Any, value_bytes: int) -> int:
     """K and V of one position in one layer."""
-    from orthorank.method.cost import Arch
-
     a = Arch.from_config(config)
     return 2 * a.kv_heads * a.head_dim * value_bytes
 

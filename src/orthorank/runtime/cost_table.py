@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import statistics
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -246,8 +247,6 @@ def parse_ratios(text: str | list[float] | tuple[float, ...]) -> list[float]:
 
 def _loadavg() -> list[float] | None:
     try:
-        import os
-
         return [round(v, 2) for v in os.getloadavg()]
     except (AttributeError, OSError):
         return None

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from orthorank.method.cost import Arch, layer_flops, selection_layer_flops
+
 
 def layer_weight_counts(config: Any) -> dict[str, int]:
     """Matmul weights of one Llama-style decoder layer (q, k, v, o, gated MLP), from a HF config."""
@@ -47,8 +49,6 @@ def selective_layer_cost(f_kv: float, ratio: float) -> float:
 
 def flop_layer_cost(config: Any, seq_len: int, ratio: float) -> float:
     """A selection layer's FLOPs at `seq_len` prompt tokens (attention included) over a dense layer's."""
-    from orthorank.method.cost import Arch, layer_flops, selection_layer_flops
-
     arch = Arch.from_config(config)
     return selection_layer_flops(arch, seq_len, ratio) / layer_flops(arch, seq_len).dense
 

@@ -26,6 +26,7 @@ import torch
 
 from orthorank.errors import UserError
 from orthorank.models.arch import Arch
+from orthorank.models.loading import _bytes
 from orthorank.peak_memory import MIB
 
 # Memory kept free beside the estimate: the allocator's slack, Python, tokenizers and libraries' buffers.
@@ -136,7 +137,6 @@ def _env_override() -> int | None:
     text = os.environ.get("ORTHORANK_MEMORY_LIMIT")
     if not text:
         return None
-    from orthorank.models.loading import _bytes
 
     return int(_bytes(text))
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from orthorank import distributed as dist
 from orthorank.store import Namespace, ResultStore, code_version, digest, model_fingerprint
 
 
@@ -65,8 +66,6 @@ class Checkpoint:
         return None if self.namespace is None else self.namespace.folder
 
     def load(self) -> dict[int, Any]:
-        from orthorank import distributed as dist
-
         self._started = time.perf_counter()
         if self.namespace is None:
             return {}
@@ -77,8 +76,6 @@ class Checkpoint:
         return done
 
     def put(self, index: int, value: Any) -> None:
-        from orthorank import distributed as dist
-
         if isinstance(value, dict) and "seconds" not in value and self.earlier_seconds is not None:
             value = {**value, "seconds": round(self.earlier_seconds + time.perf_counter() - self._started, 2)}
         self._seconds[index] = _seconds(value)

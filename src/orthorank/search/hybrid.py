@@ -36,12 +36,15 @@ from typing import Callable
 import torch
 from tqdm.auto import tqdm
 
+from orthorank import distributed as dist
+from orthorank.method.cost import closest_count
+from orthorank.search.checkpoint import Checkpoint, stored_steps
 from orthorank.search.layer_search import StackRunner
 from orthorank.search.racing import ScoreMemo, race
 from orthorank.runtime.cost_table import CostTable, ratio_key
 from orthorank.errors import UserError
 from orthorank.method.plan import REMOVE
-from orthorank.method.selection import SelectionConfig
+from orthorank.method.selection import SelectionConfig, keep_count
 
 Action = "str | float | None"  # None: kept (dense); a ratio: selection layer; "remove"
 Move = tuple  # (layer, new action)
@@ -126,9 +129,6 @@ def match_exactly(actions: dict[int, str | float], layer: int, target: float, ta
     speed-up on a FLOP table is as close to `target` as a whole number of kept tokens allows. Only the last move
     is changed: the layers and the other ratios stay the search's choice, and the layer keeps at least what the
     move gave it."""
-    from orthorank.method.cost import closest_count
-    from orthorank.method.selection import keep_count
-
     T = table.seq_len
     now = actions[layer]
     if now == REMOVE:
@@ -153,9 +153,6 @@ def hybrid_search(runner: StackRunner, table: CostTable, targets: list[float], r
     """The greedy search above; `on_reached(target, result)` is called as each target is reached. With a
     `checkpoint` (search/checkpoint.py) every step is stored as it is taken and the stored steps of an earlier,
     interrupted run are replayed first (their targets reported again through `on_reached`)."""
-    from orthorank import distributed as dist
-    from orthorank.search.checkpoint import Checkpoint, stored_steps
-
     start_t = time.perf_counter()
     checkpoint = checkpoint or Checkpoint(None)
     done = checkpoint.load()

@@ -9,20 +9,20 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
+from orthorank import distributed as dist
 from orthorank.method.layer import SelectiveLayer, SequenceContext
 from orthorank.method.selection import SelectionConfig
 from orthorank.models.adapters import get_adapter
 from orthorank.models.loading import input_device
-
-if TYPE_CHECKING:
-    from orthorank.search.checkpoint import Checkpoint
+from orthorank.search.checkpoint import Checkpoint, stored_steps
+from orthorank.search.racing import race
 
 Config = dict[int, "nn.Module | SelectiveLayer | None"]
 
@@ -173,10 +173,6 @@ def greedy_search(
     Under torchrun the candidates of a step are split across ranks; every rank ends with the same choice.
     With a `checkpoint`, each step is stored as it is chosen and the stored steps of an earlier run are replayed
     first (search/checkpoint.py)."""
-    from orthorank import distributed as dist
-    from orthorank.search.checkpoint import Checkpoint, stored_steps
-    from orthorank.search.racing import race
-
     start_t = time.perf_counter()
     checkpoint = checkpoint or Checkpoint(None)
     done = checkpoint.load()
@@ -243,9 +239,6 @@ def one_shot_ppl(runner: StackRunner, candidates: list[int], progress: bool = Tr
                  checkpoint: Checkpoint | None = None) -> SearchResult:
     """Shortened LLaMA's PPL criterion: remove each layer alone; the least harmful come first. With a `checkpoint`,
     each layer's score is stored as it is known (entry layer + 1) and stored scores are not recomputed."""
-    from orthorank import distributed as dist
-    from orthorank.search.checkpoint import Checkpoint
-
     start_t = time.perf_counter()
     checkpoint = checkpoint or Checkpoint(None)
     done = checkpoint.load()

@@ -42,6 +42,8 @@ from orthorank.method.recording import Recorder, next_token_loss, recording, upd
 from orthorank.method.router import LayerRouter, RouterState, features
 from orthorank.models.adapters import get_adapter
 from orthorank.models.loading import input_device
+from orthorank.search.calibration import windows_digest
+from orthorank.store import code_version
 
 TARGETS: dict[str, str] = {
     "update": "log ||f(x) - x||",
@@ -246,9 +248,6 @@ def with_router(plan: Plan, state: RouterState) -> Plan:
 def fit_key(model_fingerprint: str, plan: Plan, windows: torch.Tensor, settings: FitSettings) -> dict[str, Any]:
     """What decides a router fit: the model's weights, the plan (its layers, ratios and rule), the calibration
     windows and the fit's settings (and the code version, which the store adds)."""
-    from orthorank.search.calibration import windows_digest
-    from orthorank.store import code_version
-
     return {"code": code_version("router-fit"), "model": model_fingerprint, "plan": plan.content_hash(),
             "windows": windows_digest(windows),
             # not the number of passes: a longer fit goes on from a shorter one's passes, as greedy searches do

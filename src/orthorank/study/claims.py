@@ -10,6 +10,7 @@ when it crosses an edge.
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import sys
@@ -20,6 +21,8 @@ from typing import Any, Callable
 import numpy as np
 
 from orthorank.evaluation.stats import Interval, paired_difference, resample_indices
+from orthorank.method.plan_store import sparsity_label
+from orthorank.results import atomic_write_text
 
 SUPPORTED, CONTRADICTED, NO_DIFFERENCE, INCONCLUSIVE = "supported", "contradicted", "no difference", "inconclusive"
 SPEED_MARGIN = 0.10  # "comparable": within 10% of layer pruning's prefill throughput
@@ -190,8 +193,6 @@ def speed_claims(data: dict[str, Any], level: float, iters: int = 2000,
 
 def study_claims(out: Path, budget) -> list[Claim]:
     """Every claim the study's finished stages can speak to."""
-    from orthorank.method.plan_store import sparsity_label
-
     claims: list[Claim] = []
     ppl = _load(out / "perplexity" / "compare.json")
     if ppl:
@@ -257,10 +258,6 @@ def main(argv: list[str] | None = None) -> int:
     """`python -m orthorank.study.claims COMPARE_JSON --levels 0.1,0.2 --out DIR`: the paper's perplexity claims
     tested on one `compare` result, as Markdown for pages to quote (study/docs_blocks.py): DIR/claims.md (every
     domain) and DIR/claims-headline.md (each claim at its least favourable domain)."""
-    import argparse
-
-    from orthorank.results import atomic_write_text
-
     p = argparse.ArgumentParser(description=main.__doc__.splitlines()[0])
     p.add_argument("compare_json")
     p.add_argument("--levels", default="0.1,0.2")

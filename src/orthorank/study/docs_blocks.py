@@ -16,6 +16,8 @@ import re
 import sys
 from pathlib import Path
 
+from orthorank.results import atomic_write_text
+
 BLOCK = re.compile(r"(<!-- generated: (?P<path>\S+) -->\n)(?P<body>.*?)(<!-- end generated -->)", re.DOTALL)
 PAGES = ("README.md", "docs/*.md")
 
@@ -43,8 +45,6 @@ def render(page: Path, root: Path) -> tuple[str, list[str]]:
 
 def sync(root: Path, check: bool) -> list[str]:
     """Rewrite (or, with check, only find) stale blocks; returns 'page: source' for each."""
-    from orthorank.results import atomic_write_text
-
     found = []
     for page in pages(root):
         text, stale = render(page, root)

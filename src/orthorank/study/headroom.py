@@ -24,8 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from orthorank.method.plan_store import sparsity_label
+from orthorank.results import atomic_write_text
 from orthorank.study.budgets import DOMAINS, ZEROSHOT_TASKS
 from orthorank.study.context import StudyContext
+from orthorank.study.long_inputs import decide, markdown
 
 def level_dir(ctx: StudyContext, level: float) -> Path:
     return ctx.out / "policies" / sparsity_label(level)
@@ -62,9 +64,6 @@ def level_choice(ctx: StudyContext, level: float) -> tuple[dict[str, Any], str]:
     """Decide one level from its three results and write DIR/policies/<level>/policy-choice.{md,json}; the level's
     entry of policies.json and the decision's Markdown. The stage calls it for every level at its end; it needs only
     that level's results, so a level can be decided by hand before the other one has run."""
-    from orthorank.results import atomic_write_text
-    from orthorank.study.long_inputs import decide, markdown
-
     b, d = ctx.budget, level_dir(ctx, level)
     compare = json.loads((d / "compare" / "compare.json").read_text())
     longctx = json.loads((d / "longctx" / "longctx.json").read_text())
@@ -82,8 +81,6 @@ def level_choice(ctx: StudyContext, level: float) -> tuple[dict[str, Any], str]:
 
 def write_headroom(ctx: StudyContext, levels: list[float]) -> Path:
     """DIR/policies/headroom.md from the levels whose compare has run."""
-    from orthorank.results import atomic_write_text
-
     compares = {level: json.loads((level_dir(ctx, level) / "compare" / "compare.json").read_text())
                 for level in levels}
     caption = (f"{ctx.model_name}, {ctx.budget.caption()}: every rule on OrthoRank's own plan at each level (its "
@@ -96,8 +93,6 @@ def write_headroom(ctx: StudyContext, levels: list[float]) -> Path:
 
 def finish_policies(ctx: StudyContext) -> dict[str, Any]:
     """Decide per level from the three results, and gather the headroom tables and the decisions."""
-    from orthorank.results import atomic_write_text
-
     b = ctx.budget
     levels, lines = {}, [f"# Selection policies: {ctx.model_name}", "",
                          f"{b.caption()}; {b.policies.caption()}. Every rule runs on OrthoRank's own plan at each "

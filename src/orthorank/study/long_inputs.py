@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from orthorank.errors import UserError
+from orthorank.method.policies import POLICIES
+from orthorank.results import atomic_write_text
 
 PAPER = "orthogonal"
 FIX_DOMAINS = ("wikitext2", "c4")
@@ -92,8 +94,6 @@ def generation_evidence(summary: dict[str, Any], label: str) -> dict[str, dict[s
 
 def _speeds_up(spec: str) -> bool:
     """False for a variant of a policy that runs the layer densely to choose (the oracle: an upper bound)."""
-    from orthorank.method.policies import POLICIES
-
     name = spec.split("+")[0] or PAPER
     return POLICIES[name].speedup if name in POLICIES else True
 
@@ -201,8 +201,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--caption", default="")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
-    from orthorank.results import atomic_write_text
-
     try:
         compare = _load(args.compare, "compare")
         longctx = [_load(path, "longctx") for path in args.longctx]

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from orthorank.evaluation.stats import resample_indices
+from orthorank.results import atomic_write_text
 
 ROWS = ("orthorank", "router", "router-hybrid", "hybrid", "orthorank (policy random)", "orthorank (policy oracle)",
         "orthorank (policy loss-oracle)", "shortgpt", "shortened-ppl")
@@ -157,8 +158,6 @@ def _fits_and_speed(folder: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from orthorank.results import atomic_write_text
-
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("folders", nargs="+", help="studies/router/<model> folders")
     p.add_argument("--out", required=True, help="the Markdown file to write")

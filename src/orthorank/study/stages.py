@@ -14,7 +14,9 @@ from pathlib import Path
 from typing import Callable
 
 from orthorank.errors import UserError
+from orthorank.method.plan import Plan
 from orthorank.method.plan_store import sparsity_label
+from orthorank.results import atomic_write_text
 from orthorank.study.budgets import DOMAINS, ZEROSHOT_TASKS, Budget
 from orthorank.study.context import StudyContext, hybrid_cost_table_argv
 from orthorank.study.headroom import finish_policies, policies_argv, policies_output
@@ -134,8 +136,6 @@ def _hybrid_levels_with_removals(ctx: StudyContext) -> list[float]:
     """Levels whose hybrid plan both removes layers and selects in others: there the router gets a second plan, the
     hybrid plan's layers (on Gemma 3 270M at 20% the paper's rule's own layers lose to SLEB whatever the rule, while
     the hybrid plan's selection layers, routed, win)."""
-    from orthorank.method.plan import Plan
-
     out = []
     for level in ctx.budget.levels:
         path = ctx.plans_dir / f"hybrid-{sparsity_label(level)}.json"
@@ -250,8 +250,6 @@ def run_stage(ctx: StudyContext, stage: Stage, run_command: Callable[[list[str]]
 
 
 def _write_plans_index(ctx: StudyContext) -> None:
-    from orthorank.results import atomic_write_text
-
     plans = {}
     for method in SEARCHED:
         for s in ctx.budget.levels:

@@ -16,7 +16,12 @@ import math
 from pathlib import Path
 from typing import Iterator
 
+import numpy as np
+
+from orthorank.evaluation.stats import draw_ratio, worst_ratio, worst_ratio_scores
+from orthorank.method.plan import Plan
 from orthorank.method.plan_store import sparsity_label
+from orthorank.results import atomic_save_figure, atomic_write_text
 from orthorank.study.budgets import DOMAINS, TransferSetting
 from orthorank.study.context import StudyContext, hybrid_cost_table_argv
 
@@ -81,8 +86,6 @@ def evaluated(ctx: StudyContext, setting: TransferSetting, methods: list[str]) -
     budget's windows: its evaluation is not run again. Without this a resumed stage re-runs every finished
     evaluation, which reads the result store only while the model code is unchanged; a finished evaluation stays
     valid across changes that keep the model's outputs (the exactness tests guard those)."""
-    from orthorank.method.plan import Plan
-
     t = ctx.budget.transfer
     path = ctx.out / "transfer" / setting.name / "compare.json"
     if not path.is_file():
@@ -130,8 +133,6 @@ def _geomean(values: list[float]) -> float | None:
 def render_matrix(ctx: StudyContext) -> dict:
     """Read every finished setting's compare.json and write DIR/transfer/transfer.{md,json} and one heat map per
     level; returns what transfer.json holds."""
-    from orthorank.results import atomic_write_text
-
     t = ctx.budget.transfer
     out = ctx.out / "transfer"
     cells, worst, meta = {}, {}, {}
@@ -211,8 +212,6 @@ def choose_calibration(out: Path, done: list[TransferSetting], methods: list[str
     SLEB (the matrix above) cannot choose: it is relative to SLEB's own plan on the same text, which improves or
     degrades with the setting too. Only settings where every method has been evaluated take part. The chosen
     setting's score over the runner-up's has a paired bootstrap interval (every setting shares the windows)."""
-    from orthorank.evaluation.stats import draw_ratio, worst_ratio, worst_ratio_scores
-
     rows = {s.name: _window_nll(out / s.name / "compare.json") for s in done}
     complete = [s.name for s in done if all((m, lv) in rows[s.name] for m in methods for lv in levels)]
     if len(complete) < 2:
@@ -289,13 +288,10 @@ def after_command(ctx: StudyContext, argv: list[str]) -> None:
 
 
 def _heatmaps(model: str, cells: dict, done: list[TransferSetting], methods: list[str], levels, out: Path) -> None:
-    import matplotlib
+    import matplotlib  # lazily: optional on the bench path (only figures need matplotlib)
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    from orthorank.results import atomic_save_figure
+    import matplotlib.pyplot as plt  # lazily: optional on the bench path (only figures need matplotlib)
 
     for level in levels:
         rows = [(m, s.name) for m in methods for s in done if any((m, level, s.name, d) in cells for d in DOMAINS)]

@@ -17,14 +17,13 @@ import os
 import sys
 
 from orthorank.errors import UserError
+from orthorank.evaluation.zeroshot.registry import tasks_dir
 
 
 def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    import orthorank.evaluation.zeroshot.backend  # noqa: F401  registers --model orthorank
-    from lm_eval.__main__ import cli_evaluate
-
-    from orthorank.evaluation.zeroshot.registry import tasks_dir
+    import orthorank.evaluation.zeroshot.backend  # noqa: F401  registers --model orthorank; lazily: it imports lm_eval
+    from lm_eval.__main__ import cli_evaluate  # lazily: optional dependency (orthorank[eval])
 
     args = list(sys.argv[1:] if argv is None else argv)
     # lm_eval takes one --include_path; a user's own replaces ours.

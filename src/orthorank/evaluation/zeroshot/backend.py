@@ -16,15 +16,19 @@ with it and our offline tasks available.
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
+import lm_eval.models.huggingface as hf
 import torch
+from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM  # also registers the harness's own models first
 
 from orthorank.errors import UserError
 from orthorank.method.apply import apply_plan, restore_dense
 from orthorank.method.plan import Plan
-from orthorank.models.loading import LoadedModel
+from orthorank.method.plan_store import find_plan
+from orthorank.models.loading import LoadedModel, load_model
 
 log = logging.getLogger(__name__)
 BACKEND_NAME = "orthorank"
@@ -73,8 +77,6 @@ class OrthoRankLM(HFLM):
         data_dir: str | None = None,  # read by the offline tasks (through the run's metadata), not here
         **kwargs: Any,
     ) -> None:
-        from orthorank.models.loading import load_model
-
         if isinstance(model, LoadedModel):
             lm = model
         else:
@@ -104,11 +106,9 @@ class OrthoRankLM(HFLM):
         """Under the harness's own data-parallel launch (`accelerate launch -m lm_eval` or torchrun), HFLM treats an
         already-built model as single-process; take the rank and world size from accelerate so that requests are
         split across processes and gathered on rank 0."""
-        import os
-
         if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
             return
-        from accelerate import Accelerator
+        from accelerate import Accelerator  # lazily: only a data-parallel harness launch needs accelerate
 
         acc = Accelerator()
         self.accelerator = acc
@@ -116,8 +116,6 @@ class OrthoRankLM(HFLM):
         self._world_size = acc.num_processes
 
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, override_bs=None):
-        import lm_eval.models.huggingface as hf
-
         original = hf.pad_and_concat
 
         def recording(max_length, tensors, padding_side="right"):
@@ -162,7 +160,6 @@ def resolve_plan(lm: LoadedModel, plan: str | Plan | None, method: str | None, s
     else:
         if sparsity is None:
             raise UserError(f"method {method} needs sparsity= (or give plan=FILE)")
-        from orthorank.method.plan_store import find_plan
 
         result = Plan.load(find_plan(lm.name, method, float(sparsity)))
     result.check_model(lm.name, lm.signature())
@@ -172,8 +169,6 @@ def resolve_plan(lm: LoadedModel, plan: str | Plan | None, method: str | None, s
 def register() -> None:
     """Make `--model orthorank` known to lm_eval's model registry (idempotent; a version of the harness that
     loads the package's entry point may already have registered it)."""
-    from lm_eval.api.registry import register_model
-
     try:
         register_model(BACKEND_NAME)(OrthoRankLM)
     except (ValueError, AssertionError):  # already registered (through the entry point)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from orthorank.errors import UserError
+from orthorank.evaluation.data import find_data_dir
 from orthorank.evaluation.zeroshot.registry import TASKS, check_task_files, resolve_tasks
 
 _LETTERS = "ABCDEFGHIJ"
@@ -49,7 +50,7 @@ def hellaswag_docs(text: str) -> list[dict]:
     The file was also cleaned upstream with a slightly different tag filter; applying the harness's `preprocess`
     again removes any [tags] left, so the remaining difference is that capital letter. Expect HellaSwag numbers
     to differ slightly from lm-eval's."""
-    from lm_eval.tasks.hellaswag.utils import preprocess  # the harness's own cleaning function
+    from lm_eval.tasks.hellaswag.utils import preprocess  # lazily: optional; the harness's own cleaning function
 
     lines = text.split("\n")
     while lines and lines[-1] == "":
@@ -185,8 +186,6 @@ def task_docs(name: str, data_dir: str | Path | None = None) -> list[dict]:
 
 def resolve_data_dir(data_dir: str | Path | None = None) -> Path:
     """--data-dir, else $ORTHORANK_DATA_DIR, else ../shared/data (relative to the current folder or the repo)."""
-    from orthorank.evaluation.data import find_data_dir
-
     root = find_data_dir(data_dir)
     if root is None:
         raise UserError("no offline data folder found (looked for ../shared/data); pass --data-dir "
@@ -196,7 +195,7 @@ def resolve_data_dir(data_dir: str | Path | None = None) -> Path:
 
 def dataset_dict(name: str, data_dir: str | Path | None = None):
     """A datasets.DatasetDict holding the task's evaluation split, built in memory (no hub, no cache files)."""
-    import datasets
+    import datasets  # lazily: optional dependency (lm_eval's)
 
     name = resolve_tasks(name)[0]
     return datasets.DatasetDict({TASKS[name].split: datasets.Dataset.from_list(task_docs(name, data_dir))})

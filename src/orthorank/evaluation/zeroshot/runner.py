@@ -12,7 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from orthorank.errors import UserError
+from orthorank.evaluation.zeroshot.convert import resolve_data_dir
 from orthorank.evaluation.zeroshot.registry import MAIN_TASKS, TASKS, check_task_files, resolve_tasks, tasks_dir
+from orthorank.method.apply import restore_dense
 from orthorank.method.plan import Plan
 from orthorank.models.loading import LoadedModel
 
@@ -48,7 +50,7 @@ def _quiet_harness():
 
 def require_lm_eval() -> None:
     try:
-        import lm_eval  # noqa: F401
+        import lm_eval  # noqa: F401  lazily: whether the optional harness is installed
     except ImportError:
         raise UserError("zero-shot evaluation needs lm-evaluation-harness: pip install 'orthorank[eval]'") from None
 
@@ -63,7 +65,7 @@ def task_manager(data_dir: str | Path | None = None, include_defaults: bool = Fa
     `lm_eval.simple_evaluate(..., task_manager=task_manager())`. The harness's own tasks are left out by default
     (indexing its thousands of YAMLs takes seconds). `data_dir` reaches the tasks' custom_dataset hooks through
     the task metadata; without it they look for ../shared/data at load time."""
-    from lm_eval.tasks import TaskManager
+    from lm_eval.tasks import TaskManager  # lazily: optional dependency (orthorank[eval])
 
     metadata = {"data_dir": str(data_dir)} if data_dir is not None else {}
     return TaskManager(include_path=str(tasks_dir()), include_defaults=include_defaults, metadata=metadata)
@@ -107,8 +109,6 @@ def run_zeroshot(
     require_lm_eval()
     names = resolve_tasks(tasks)
     check_limit(limit)
-    from orthorank.evaluation.zeroshot.convert import resolve_data_dir
-
     root = resolve_data_dir(data_dir)
     check_task_files(names, root)
     if lm.tokenizer is None:
@@ -116,11 +116,9 @@ def run_zeroshot(
     plan.check_model(lm.name, lm.signature())
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from lm_eval import simple_evaluate
+    from lm_eval import simple_evaluate  # lazily: optional dependency (orthorank[eval])
 
-    from orthorank.evaluation.zeroshot.backend import OrthoRankLM
-
-    from orthorank.method.apply import restore_dense
+    from orthorank.evaluation.zeroshot.backend import OrthoRankLM  # lazily: backend imports lm_eval (optional)
 
     start = time.perf_counter()
     try:

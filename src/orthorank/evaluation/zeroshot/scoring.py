@@ -19,9 +19,18 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
+from tqdm.auto import tqdm
 
+from orthorank import distributed as dist
 from orthorank.errors import UserError
+from orthorank.evaluation.compare import reference_rows
+from orthorank.evaluation.stats import _interval, mean_stderr, paired_difference, resample_indices
+from orthorank.evaluation.zeroshot.convert import resolve_data_dir
+from orthorank.evaluation.zeroshot.registry import TASKS, tasks_dir
+from orthorank.evaluation.zeroshot.runner import _quiet_harness, task_manager
+from orthorank.method.apply import apply_plan, restore_dense
 from orthorank.models.loading import input_device
+from orthorank.store import code_version, fill, model_fingerprint
 
 CHUNK_ITEMS = 32  # items per store entry: an interrupted run loses at most this many items
 
@@ -40,16 +49,12 @@ def _load_task_dict(names: list[str], manager) -> dict:
     """Task name -> Task, through TaskManager.load where the harness has it (get_task_dict is deprecated there)."""
     if hasattr(manager, "load"):
         return manager.load(names)["tasks"]
-    from lm_eval.tasks import get_task_dict
+    from lm_eval.tasks import get_task_dict  # lazily: optional dependency (orthorank[eval])
 
     return get_task_dict(names, manager)
 
 
 def load_tasks(names: list[str], limit: int | None, data_dir) -> dict[str, TaskItems]:
-    from orthorank.evaluation.zeroshot.convert import resolve_data_dir
-    from orthorank.evaluation.zeroshot.registry import TASKS, tasks_dir
-    from orthorank.evaluation.zeroshot.runner import _quiet_harness, task_manager
-
     root = resolve_data_dir(data_dir)
     out = {}
     with _quiet_harness():
@@ -149,8 +154,6 @@ def score_items(model, tokenizer, items: TaskItems, doc_ids: list[int], batch_si
 
 
 def zeroshot_key(model, plan, items: TaskItems, fingerprint: str) -> dict:
-    from orthorank.store import code_version
-
     return {"model": fingerprint, "plan": plan.content_hash(), "task": items.name, "data": items.data_digest,
             "dtype": str(next(model.parameters()).dtype), "device": input_device(model).type,
             "code": code_version("zeroshot")}
@@ -159,12 +162,6 @@ def zeroshot_key(model, plan, items: TaskItems, fingerprint: str) -> dict:
 def evaluate_zeroshot_rows(lm, rows, tasks: list[str], limit: int | None, data_dir, store, batch_size: int = 16,
                            fingerprint: str | None = None, progress: bool = True) -> dict[int, dict[str, dict]]:
     """{row index: {task: {metric: outcomes array over items, in doc order}}} for every row's plan."""
-    from tqdm.auto import tqdm
-
-    from orthorank import distributed as dist
-    from orthorank.method.apply import apply_plan, restore_dense
-    from orthorank.store import fill, model_fingerprint
-
     fp = fingerprint or model_fingerprint(lm.model)
     task_items = load_tasks(tasks, limit, data_dir)
     out: dict[int, dict[str, dict]] = {}
@@ -196,10 +193,6 @@ def zeroshot_report(zs: dict[int, dict[str, dict]], rows, tasks: list[str], limi
                     metrics: tuple[str, ...] = ("acc", "acc_norm")) -> tuple[str, dict]:
     """Markdown tables (accuracy +- standard error per task and the mean over tasks; paired differences to each
     reference row with 95% bootstrap intervals, ** where the interval excludes 0) and their JSON."""
-    from orthorank.evaluation.compare import reference_rows
-    from orthorank.evaluation.stats import mean_stderr, paired_difference
-    from orthorank.evaluation.zeroshot.registry import TASKS
-
     n_items = {t: len(next(iter(zs.values()))[t]["acc"]) for t in tasks}
     sliced = any(n_items[t] < TASKS[t].size for t in tasks)
     lines = []
@@ -259,8 +252,6 @@ def _same_len(res: dict, tasks: list[str]) -> bool:
 
 
 def _mean_over_tasks(a: dict, b: dict, tasks: list[str], use: dict[str, str], iters: int = 10_000, seed: int = 0):
-    from orthorank.evaluation.stats import _interval, resample_indices
-
     value = float(np.mean([a[t][use[t]].mean() - b[t][use[t]].mean() for t in tasks]))
     draws = np.zeros(iters)
     for k, t in enumerate(tasks):
