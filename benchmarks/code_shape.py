@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import ast
-import json
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -161,7 +160,14 @@ def main(argv: list[str] | None = None) -> int:
     if m["unplaced"]:
         print(f"  not in LAYERS: {', '.join(m['unplaced'])}")
     if args.json:
-        Path(args.json).write_text(json.dumps(m, indent=1) + "\n")
+        sys.path.insert(0, str(ROOT.parent))
+        from orthorank.results import write_json  # noqa: E402  (the measuring checkout's, for its commit)
+
+        import subprocess
+
+        measured = subprocess.run(["git", "rev-parse", "HEAD"], cwd=args.root, capture_output=True,
+                                  text=True).stdout.strip() or None
+        write_json(args.json, {"measured_commit": measured, **m}, overwrite=True)
     return 0
 
 
