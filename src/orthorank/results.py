@@ -23,6 +23,12 @@ from orthorank.errors import UserError
 from orthorank.peak_memory import measured
 
 
+# What decides a result: the package, its dependencies' pins, the build and the evidence scripts (pathspecs from the
+# repository root)
+CODE_PATHS = (":/src", ":/pyproject.toml", ":/Makefile", ":/benchmarks/*.py", ":/benchmarks/*.sh", ":/studies/*.sh",
+              ":/studies/**/*.sh")
+
+
 def git_commit() -> str | None:
     try:
         out = subprocess.run(
@@ -30,9 +36,11 @@ def git_commit() -> str | None:
             cwd=Path(__file__).resolve().parent,
         )
         commit = out.stdout.strip() or None
+        # dirty = the code differs from the commit; results, plans and docs written by the run itself (a study
+        # rewrites its report as it goes) do not make the code that produced them uncommitted
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, timeout=5,
-            cwd=Path(__file__).resolve().parent,
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", *CODE_PATHS], capture_output=True,
+            text=True, timeout=5, cwd=Path(__file__).resolve().parent,
         ).stdout.strip()
         return f"{commit}-dirty" if commit and dirty else commit
     except (OSError, subprocess.SubprocessError):
