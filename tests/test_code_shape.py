@@ -40,3 +40,4 @@ def test_every_module_a_stored_result_is_keyed_by_exists():
     root = Path(store.__file__).resolve().parent
     missing = sorted({rel for mods in store.NUMERIC_MODULES.values() for rel in mods if not (root / rel).is_file()})
     assert missing == [], f"NUMERIC_MODULES names files that do not exist: {missing}"
+
