@@ -154,6 +154,32 @@ def _fits_and_speed(folder: Path) -> str:
                 sp = speed_ratio(bench, row, "sleb")
                 cells = [(_ci(*sp[s]).replace("**", "") if s in sp else "-") for s in (1024, 4096, 8192)]
                 lines.append(f"| {level} | {row} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n" + _seeds(folder)
+
+
+def _seeds(folder: Path) -> str:
+    """The router refitted with other seeds (other calibration windows and held-out split), on the same windows."""
+    runs = []
+    first = folder / "compare" / "compare.json"
+    for seed, path in [(0, first)] + [(int(d.name.split("-")[1]), d / "compare" / "compare.json")
+                                       for d in sorted(folder.glob("seed-*"))]:
+        if not path.is_file():
+            continue
+        data = json.loads(path.read_text())
+        for w in data.get("worst_domain", []):
+            if w["method"] == "router" and w["level"] == 0.2:
+                fit = folder / ("fit-router-0.2.json" if seed == 0 else f"seed-{seed}/fit.json")
+                target = "-"
+                if fit.is_file() and fit.read_text().strip():
+                    target = json.loads(fit.read_text().strip().splitlines()[-1]).get("target", "-")
+                runs.append((seed, target, w))
+    if len(runs) < 2:
+        return ""
+    lines = ["", "Seed spread at 20% (the fit repeated with other seeds: other calibration windows, held-out split and "
+             "sampled labels; the same evaluation windows):", "",
+             "| seed | target chosen | worst domain | worst-domain ratio vs SLEB [95% CI] | verdict |", "|---|---|---|---|---|"]
+    for seed, target, w in runs:
+        lines.append(f"| {seed} | {target} | {w['worst_dataset']} | {_ci(w['ratio'], *w['ci95'])} | {w['verdict']} |")
     return "\n".join(lines) + "\n"
 
 
