@@ -154,7 +154,41 @@ def _fits_and_speed(folder: Path) -> str:
                 sp = speed_ratio(bench, row, "sleb")
                 cells = [(_ci(*sp[s]).replace("**", "") if s in sp else "-") for s in (1024, 4096, 8192)]
                 lines.append(f"| {level} | {row} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n" + _seeds(folder)
+    return "\n".join(lines) + "\n" + _seeds(folder) + _transfer(folder)
+
+
+def _transfer(folder: Path) -> str:
+    """The router calibrated on each source of the transfer matrix (on that source's OrthoRank plan), against SLEB
+    calibrated on the same source, on every domain: does it overfit its calibration text?"""
+    rows = []
+    for d in sorted((folder / "transfer").glob("*")):
+        path = d / "compare" / "compare.json"
+        if not path.is_file():
+            continue
+        data = json.loads(path.read_text())
+        worst = {(w["method"], w["level"]): w for w in data.get("worst_domain", [])}
+        per = {}
+        for c in data.get("comparisons", []):
+            if c["b"] == "sleb" and c["a"] in ("orthorank", "router"):
+                per.setdefault(c["a"], {})[c["dataset"]] = c
+        rows.append((d.name, data, worst, per))
+    if not rows:
+        return ""
+    datasets = rows[0][1]["datasets"]
+    lines = ["", "Transfer at 20%: the router fitted on each calibration source (one recording pass, 32 windows of 512 "
+             "tokens of that source) on that source's OrthoRank plan, against SLEB calibrated on the same source; "
+             "paired ratio against SLEB per domain and the worst domain [95% CI]:", "",
+             "| source | rule | " + " | ".join(datasets) + " | worst domain |", "|---|---|" + "---|" * (len(datasets) + 1)]
+    for source, data, worst, per in rows:
+        for rule in ("orthorank", "router"):
+            w = worst.get((rule, 0.2))
+            if w is None:
+                continue
+            cells = [_ci(per[rule][ds]["ratio"], *per[rule][ds]["ci95"]) if ds in per.get(rule, {}) else "-"
+                     for ds in datasets]
+            lines.append(f"| {source} | {'paper' if rule == 'orthorank' else rule} | " + " | ".join(cells)
+                         + f" | {_ci(w['ratio'], *w['ci95'])} ({w['worst_dataset']}) |")
+    return "\n".join(lines) + "\n"
 
 
 def _seeds(folder: Path) -> str:
