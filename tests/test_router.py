@@ -197,6 +197,20 @@ def test_fit_router_refuses_bad_input_before_loading(capsys, tmp_path):
     assert (tmp_path / "r.json").read_text() == "mine"
 
 
+def _sleb_and_orthorank_plans(capsys, folder):
+    """SLEB and OrthoRank plans at 25% for the tiny model, in plans/<name>/ of the current folder."""
+    from cli_helpers import run_cli
+
+    name = folder.name
+    common = ["--model", folder, "--threads", "1"]
+    calib = ["--calib-data", "mix:c4+code", "--calib-tokens", "1K", "--seq-len", "64", "--measure-speed", "0"]
+    for method in ("sleb", "orthorank"):
+        code, out, err = run_cli(capsys, "calibrate", *common, "--method", method, "--sparsity", "0.25", *calib,
+                                 "--out", f"plans/{name}")
+        assert code == 0, err
+    return name, common, calib
+
+
 @pytest.mark.data
 def test_fit_router_and_a_search_under_the_router_end_to_end(tiny_hf_folder, tmp_path, monkeypatch, capsys):
     """fit-router on a searched plan (compute re-matched to SLEB's, router FLOPs counted), a router bank for every
@@ -204,13 +218,7 @@ def test_fit_router_and_a_search_under_the_router_end_to_end(tiny_hf_folder, tmp
     from cli_helpers import run_cli
 
     monkeypatch.chdir(tmp_path)
-    name = tiny_hf_folder.name
-    common = ["--model", tiny_hf_folder, "--threads", "1"]
-    calib = ["--calib-data", "mix:c4+code", "--calib-tokens", "1K", "--seq-len", "64", "--measure-speed", "0"]
-    for method in ("sleb", "orthorank"):
-        code, out, err = run_cli(capsys, "calibrate", *common, "--method", method, "--sparsity", "0.25", *calib,
-                                 "--out", f"plans/{name}")
-        assert code == 0, err
+    name, common, calib = _sleb_and_orthorank_plans(capsys, tiny_hf_folder)
     fit = ["--calib-data", "mix:c4+code", "--calib-samples", "8", "--seq-len", "32", "--batch-size", "4"]
     code, out, err = run_cli(capsys, "fit-router", *common, "--plan", f"plans/{name}/orthorank-0.25.json",
                              "--json", f"plans/{name}/router-0.25.json", *fit, "--targets", "update,fisher",
@@ -352,13 +360,7 @@ def test_fit_router_keeps_the_paper_rule_when_no_router_beats_it(tiny_hf_folder,
     from orthorank.method.router import constant_router
 
     monkeypatch.chdir(tmp_path)
-    name = tiny_hf_folder.name
-    common = ["--model", tiny_hf_folder, "--threads", "1"]
-    calib = ["--calib-data", "mix:c4+code", "--calib-tokens", "1K", "--seq-len", "64", "--measure-speed", "0"]
-    for method in ("sleb", "orthorank"):
-        code, out, err = run_cli(capsys, "calibrate", *common, "--method", method, "--sparsity", "0.25", *calib,
-                                 "--out", f"plans/{name}")
-        assert code == 0, err
+    name, common, calib = _sleb_and_orthorank_plans(capsys, tiny_hf_folder)
 
     def losing_fit(model, plan, windows, settings, calibration, log=None, checkpoint=None):
         state = constant_router(plan.layers, int(model.config.hidden_size))
