@@ -187,9 +187,11 @@ def reference_rows(row: Row, rows: list[Row]) -> list[Row]:
         if row.ablation.startswith("policy "):  # another rule at the paper's compute: also against pruning
             own += [r for r in rows if r.method in PRUNING and r.level == row.level]
         return own
-    if row.family in ("hybrid", "router", "router-hybrid"):  # against every pruning method and OrthoRank at its level
+    if row.family in ("hybrid", "router", "router-hybrid", "router-searched"):  # against every pruning method and OrthoRank at its level
+        # a searched router plan also against the router on OrthoRank's layers: what the search under it adds
         return [r for r in rows if r.level == row.level and r.ablation is None
-                and (r.method in PRUNING or r.family.startswith("orthorank"))]
+                and (r.method in PRUNING or r.family.startswith("orthorank")
+                     or (row.family == "router-searched" and r.method == "router"))]
     if row.family.startswith("orthorank"):
         return [r for r in rows if r.method in PRUNING and r.level == row.level]
     return [r for r in rows if r.method == "dense" or (r.method == "sleb" != row.method and r.level == row.level)]

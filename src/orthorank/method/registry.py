@@ -69,6 +69,11 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     # --match-compute-of plans/<model>/sleb-<s>.json --out plans/<model>/router-hybrid-<s>.json`): the hybrid
     # search's removals and selection layers, each selection layer's kept tokens shifted so that compute, the
     # router's FLOPs included, equals SLEB's exactly.
+    # Plans searched under the router (`fit-router --layers inner` fits a bank on the dense model, `calibrate --method
+    # orthorank --policy router --router BANK` runs the greedy layer search with it, `fit-router` on the plan found
+    # refits the router on its own layers, compute-matched to SLEB): the layers that suit the router, not the sink rule.
+    Method("router-searched", "orthorank", "this project: the greedy layer search run under a router bank, the router "
+           "refitted on the layers found, compute-matched"),
     Method("router-hybrid", "hybrid", "this project: a hybrid plan's removals, with a fitted router choosing the "
            "tokens in its selection layers, compute-matched"),
     Method("spread-orthorank", "orthorank", "token selection in evenly spread layers (speed measurements)",
