@@ -28,6 +28,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("search",),  # calibration searches and the router fit (they score with evaluation's code)
     ("presentation",),  # tables and figures of comparisons (formatting only)
     ("bench",),  # the speed benchmarks
+    ("api",),  # one typed function per command: what the CLI and the study call
     ("study",),  # the study's stages
     ("cli",),  # the commands: parse, call, print
 )

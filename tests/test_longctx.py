@@ -94,7 +94,7 @@ def test_longbench_files(tmp_path):
 
 
 def test_longbench_caption_says_when_it_is_a_slice(tmp_path):
-    from orthorank.cli.longctx import _longbench_scope
+    from orthorank.api.longctx import _longbench_scope
 
     (tmp_path / "config").mkdir()
     (tmp_path / "config/dataset2prompt.json").write_text(json.dumps({"trec": "{context}\n{input}"}))
@@ -236,7 +236,7 @@ def _bad_longbench(tmp_path):
 
 def test_tables_pair_orthorank_with_the_pruning_row():
     """Besides the differences to dense, each OrthoRank row is paired item by item with each pruning row."""
-    from orthorank.cli.longctx import _tables
+    from orthorank.api.longctx import _tables
     from orthorank.evaluation.longctx import Row
 
     rows = [Row("dense", "dense", None, None), Row("sleb 0.2", "sleb", 0.2, None),

@@ -280,7 +280,7 @@ def test_a_broken_plan_file_is_reported_before_the_model_loads(capsys, tmp_path)
 def test_rematch_sets_keep_ratios_to_another_plans_compute_within_one_token():
     """fit-router's compute match: an OrthoRank plan's one ratio, a hybrid plan's selection layers shifted by the
     same kept-token count, each landing within one kept token per layer of the target, router FLOPs counted."""
-    from orthorank.cli.fit_router import rematch
+    from orthorank.api.fit_router import rematch
     from orthorank.method.cost import Arch, hybrid_compute_sparsity, selection_layer_flops
 
     arch = {"num_layers": 18, "hidden": 640, "heads": 4, "kv_heads": 1, "head_dim": 256, "ffn": 2048,

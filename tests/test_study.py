@@ -217,19 +217,19 @@ def test_transfer_stage_fits_every_method_per_source_and_renders_the_matrix(caps
     from orthorank.study.context import StudyContext
     from orthorank.study.transfer import render_matrix, transfer_done
 
-    from orthorank.study.transfer import transfer_argv
+    from orthorank.study.transfer import transfer_calls
 
-    ctx = StudyContext(str(tiny_long_folder), tiny_long_folder.name, out, get_budget("test"), [], [], None,
+    ctx = StudyContext(str(tiny_long_folder), tiny_long_folder.name, out, get_budget("test"), {}, None, None,
                        tmp_path / "plans")
-    assert list(transfer_argv(ctx)) == []  # finished evaluations are not run again (the store may have moved on)
+    assert list(transfer_calls(ctx)) == []  # finished evaluations are not run again (the store may have moved on)
     plan_file = tmp_path / "plans" / tiny_long_folder.name / "transfer" / "code-128" / "sleb-0.2.json"
     plan = json.loads(plan_file.read_text())
     plan["layers"] = plan["layers"][:-1]
     plan_file.write_text(json.dumps(plan))  # a changed plan is evaluated again, and only its setting
-    again = list(transfer_argv(ctx))
-    assert [c[0] for c in again] == ["compare"] and again[0][again[0].index("--out") + 1].endswith("code-128")
+    again = list(transfer_calls(ctx))
+    assert [c.command for c in again] == ["compare"] and again[0].out.endswith("code-128")
     (out / "transfer" / "code-128" / "compare.json").unlink()  # as after the first setting's evaluation
-    ctx = StudyContext(str(tiny_long_folder), tiny_long_folder.name, out, get_budget("test"), [], [], None,
+    ctx = StudyContext(str(tiny_long_folder), tiny_long_folder.name, out, get_budget("test"), {}, None, None,
                        tmp_path / "plans")
     partial = render_matrix(ctx)
     assert list(partial["settings"]) == ["c4-128"] and partial["complete"] is False
@@ -251,37 +251,37 @@ def test_transfer_stage_runs_cheap_settings_first_and_the_hybrid_search_last_on_
     from orthorank.study.budgets import get_budget
     from orthorank.study.context import StudyContext
     from orthorank.study.budgets import TransferSetting
-    from orthorank.study.transfer import transfer_argv
+    from orthorank.study.transfer import transfer_calls
 
     from pathlib import Path
 
-    ctx = StudyContext("m", "m", tmp_path / "study", get_budget("standard"), [], [], None, tmp_path)
+    ctx = StudyContext("m", "m", tmp_path / "study", get_budget("standard"), {}, None, None, tmp_path)
     done = ctx.plans_dir / "transfer" / "c4-8k"  # one setting's greedy plans exist already
     done.mkdir(parents=True)
     for method in ("sleb", "shortgpt", "shortened-ppl", "orthorank"):
         for level in ("0.1", "0.2"):
             (done / f"{method}-{level}.json").write_text("{}")
 
-    def setting(cmd: list[str]) -> str:
-        return Path(cmd[cmd.index("--out") + 1]).name
+    def setting(call) -> str:
+        return Path(call.out).name
 
-    argv = list(transfer_argv(ctx))  # nothing evaluated: no choice yet, so no hybrid search
-    calibrations = [(setting(c), c[c.index("--method") + 1]) for c in argv if c[0] == "calibrate"]
+    calls = list(transfer_calls(ctx))  # nothing evaluated: no choice yet, so no hybrid search
+    calibrations = [(setting(c), c.method) for c in calls if c.command == "calibrate"]
     greedy = [s for s, m in calibrations if m != "hybrid"]
     assert "c4-8k" not in greedy and greedy[0] == "c4-2k" and greedy[-1] == "c4-32k"
-    assert all(m != "hybrid" for _, m in calibrations) and len([c for c in argv if c[0] == "compare"]) == 6
+    assert all(m != "hybrid" for _, m in calibrations) and len([c for c in calls if c.command == "compare"]) == 6
 
     monkeypatch.setattr(transfer, "chosen_setting", lambda ctx: TransferSetting("mix", 8192))
-    argv = list(transfer_argv(ctx))
-    calibrations = [(setting(c), c[c.index("--method") + 1]) for c in argv if c[0] == "calibrate"]
+    calls = list(transfer_calls(ctx))
+    calibrations = [(setting(c), c.method) for c in calls if c.command == "calibrate"]
     assert [s for s, m in calibrations if m == "hybrid"] == ["mix-8k"]  # the dearest search: the default only
     assert calibrations[-1] == ("mix-8k", "hybrid")
-    table = next(i for i, c in enumerate(argv) if c[0] == "bench")  # the cost table, measured once, before it
-    assert all(i > table for i, c in enumerate(argv) if c[0] == "calibrate" and "hybrid" in c)
-    compares = [c for c in argv if c[0] == "compare"]
+    table = next(i for i, c in enumerate(calls) if c.command == "bench")  # the cost table, measured once, before it
+    assert all(i > table for i, c in enumerate(calls) if c.command == "calibrate" and c.method == "hybrid")
+    compares = [c for c in calls if c.command == "compare"]
     assert len(compares) == 7  # every setting after its greedy plans, and the chosen one again with its hybrid rows
     first, last = compares[0], compares[-1]
-    assert "hybrid" not in first[first.index("--methods") + 1] and "hybrid" in last[last.index("--methods") + 1]
+    assert "hybrid" not in first.methods and "hybrid" in last.methods
     assert setting(last) == "mix-8k"
 
 
@@ -303,20 +303,20 @@ def test_long_context_stage_batches_one_task_per_generate_call(tmp_path):
     batched rows equal single prompts (test_longctx.test_padded_batch_generation_equals_single_prompts)."""
     from orthorank.study.budgets import get_budget
     from orthorank.study.context import StudyContext
-    from orthorank.study.stages import _longctx_argv, task_aligned_batch
+    from orthorank.study.stages import _longctx_calls, task_aligned_batch
 
     assert [task_aligned_batch(n) for n in (1, 2, 6, 7, 20, 50, 64)] == [1, 2, 6, 7, 5, 5, 8]
     for name in ("quick", "standard", "full"):
         budget = get_budget(name)
-        ctx = StudyContext("m", "m", tmp_path / name, budget, [], [], None, tmp_path)
-        for cmd in _longctx_argv(ctx):
-            batch = int(cmd[cmd.index("--batch-size") + 1])
+        ctx = StudyContext("m", "m", tmp_path / name, budget, {}, None, None, tmp_path)
+        for call in _longctx_calls(ctx):
+            batch = call.batch_size
             assert budget.longctx_samples % batch == 0 and 1 < batch <= 8
 
 
 def test_study_runs_in_bfloat16_where_the_cpu_multiplies_it_natively(monkeypatch, capsys):
     from orthorank import cpu_info
-    from orthorank.cli import study
+    from orthorank.study import runner as study
 
     monkeypatch.setattr(cpu_info, "cpu_multiplies_bf16", lambda: True)
     assert study.study_dtype("auto", "cpu") == "bfloat16" and "bfloat16" in capsys.readouterr().err
@@ -367,24 +367,23 @@ def test_router_stage_routes_a_hybrid_plan_that_removes_layers_at_sleb_compute(t
     selection layers (matched to SLEB's compute) and compares it; a hybrid plan that only selects gets none."""
     from orthorank.study.budgets import get_budget
     from orthorank.study.context import StudyContext
-    from orthorank.study.stages import _router_argv, _router_output
+    from orthorank.study.stages import _router_calls, _router_output
 
-    ctx = StudyContext("gemma3-270m", "gemma3-270m", tmp_path / "study", get_budget("standard"), [], [], None,
+    ctx = StudyContext("gemma3-270m", "gemma3-270m", tmp_path / "study", get_budget("standard"), {}, None, None,
                        tmp_path)
     ctx.plans_dir.mkdir(parents=True)
     for name in ("hybrid-0.1.json", "hybrid-0.2.json"):  # 0.1 selects only, 0.2 removes layers too
         shutil.copy(Path(__file__).resolve().parents[1] / "plans" / "gemma3-270m" / name, ctx.plans_dir / name)
-    argv = _router_argv(ctx)
-    fits = [a for a in argv if a[0] == "fit-router"]
-    hybrid_fits = [a for a in fits if "router-hybrid" in a[a.index("--json") + 1]]
-    assert len(hybrid_fits) == 1 and hybrid_fits[0][hybrid_fits[0].index("--json") + 1].endswith("router-hybrid-0.2.json")
-    assert hybrid_fits[0][hybrid_fits[0].index("--match-compute-of") + 1].endswith("sleb-0.2.json")
-    last = argv[-1]
-    assert last[0] == "compare" and last[last.index("--methods") + 1] == "sleb,hybrid,router-hybrid"
-    assert last[last.index("--sparsity") + 1] == "0.2"
+    calls = _router_calls(ctx)
+    fits = [c for c in calls if c.command == "fit-router"]
+    hybrid_fits = [c for c in fits if "router-hybrid" in c.json_out]
+    assert len(hybrid_fits) == 1 and hybrid_fits[0].json_out.endswith("router-hybrid-0.2.json")
+    assert hybrid_fits[0].match_compute_of.endswith("sleb-0.2.json")
+    last = calls[-1]
+    assert last.command == "compare" and last.methods == "sleb,hybrid,router-hybrid" and last.sparsity == "0.2"
     assert _router_output(ctx) == ctx.out / "router" / "hybrid" / "compare.json"
     (ctx.plans_dir / "hybrid-0.2.json").unlink()
-    assert not any("router-hybrid" in " ".join(a) for a in _router_argv(ctx))
+    assert not any("router-hybrid" in " ".join(c.argv()) for c in _router_calls(ctx))
     assert _router_output(ctx) == ctx.out / "router" / "compare.json"
 
 

@@ -9,27 +9,22 @@ loaded model.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import sys
 
-import torch
-
-from orthorank.method.policies import parse_variant, parse_variants
-from orthorank.models.static_decode import IMPLS
-from orthorank.runtime.cost_table import DEFAULT_RATIOS, format_cost_table, measure_cost_table, parse_ratios
-from orthorank.runtime.costmodel import flop_layer_cost, kv_fraction, selective_layer_cost
-from orthorank.bench.report import format_run
-from orthorank.method.cost import Arch
-from orthorank.method.registry import METHODS, get_method
-from orthorank.bench.runner import MODES, RunSettings, method_specs, run_layer, run_methods
+from orthorank.api.bench import run
+from orthorank.api.options import BenchOptions
 from orthorank.cli.common import (
-    add_model_args, add_output_args, add_selection_args, check_memory, deprecated, finite_float, load_from_args,
-    non_negative_int, positive_int, selection_from_args,
+    add_model_args,
+    add_output_args,
+    add_selection_args,
+    deprecated,
+    finite_float,
+    non_negative_int,
+    positive_int,
 )
 from orthorank.errors import UserError
-from orthorank.method.plan import Plan, check_sparsity, parse_layers
-from orthorank.results import check_writable, write_json
+from orthorank.method.registry import METHODS
 
 
 def _list(kind, text: str) -> list:
@@ -96,200 +91,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_output_args(p)
     deprecated(p, "--batch-size", "--batch")
     deprecated(p, "--decode-batch-size", "--decode-batch")
-    p.set_defaults(func=run)
-
-
-def _check(args) -> None:
-    check_sparsity(args.sparsity)
-    if args.policies:
-        parse_variants(args.policies)
-    bad = [m for m in args.mode if m not in MODES]
-    if bad:
-        raise UserError(f"unknown mode {bad[0]!r}; choose from {', '.join(MODES)}")
-
-    bad = [m for m in args.decode_impl if m not in IMPLS]
-    if bad:
-        raise UserError(f"unknown --decode-impl {bad[0]!r}; choose from {', '.join(IMPLS)}")
-    if args.warmup < 0:
-        raise UserError("--warmup must be 0 or more")
-    for m in args.methods:
-        if get_method(m).plan_kind == "hybrid" and get_method(m).layers != "spread":
-            raise UserError("bench times dense, prune and orthorank plans, not hybrid ones; for hybrid plans use "
-                            "`bench --cost-table` (predicted) or `compare --measure-speed` (measured)")
-
-
-def _loadavg() -> list[float] | None:
-    try:
-        return [round(v, 2) for v in os.getloadavg()]
-    except (AttributeError, OSError):
-        return None
-
-
-def _oom_types() -> tuple[type[BaseException], ...]:
-    return tuple(t for t in (getattr(torch, "OutOfMemoryError", None),
-                             getattr(torch.cuda, "OutOfMemoryError", None)) if t is not None)
-
-
-def run_cost_table(args) -> int:
-    ratios = parse_ratios(args.ratios if args.ratios is not None else list(DEFAULT_RATIOS))
-    if len(args.batch) != 1 or len(args.seq_len) != 1:
-        raise UserError("--cost-table takes one --batch-size and one --seq-len")
-    if args.warmup < 0:
-        raise UserError("--warmup must be 0 or more")
-    if args.json_out:
-        raise UserError("--cost-table writes its own file; drop --json")
-    check_writable(args.cost_table, args.overwrite)
-    lm = load_from_args(args)
-    layers = None
-    if args.cost_layers is not None:
-        layers = (list(range(lm.num_layers)) if args.cost_layers.strip() == "all"
-                  else parse_layers(args.cost_layers, lm.num_layers))
-    selection = selection_from_args(args)
-    print(f"cost table for {lm.name} ({lm.num_layers} layers, {next(lm.model.parameters()).dtype}, {lm.device}, "
-          f"{torch.get_num_threads()} thread(s)): batch {args.batch[0]} x {args.seq_len[0]}, ratios "
-          f"{', '.join(f'{r:g}' for r in ratios)}, {args.warmup} warm-up + {args.repeats} timed rounds")
-    table = measure_cost_table(lm.model, lm.name, lm.signature(), lm.device, ratios, batch=args.batch[0],
-                               seq_len=args.seq_len[0], warmup=args.warmup, repeats=args.repeats, layers=layers,
-                               selection=selection, seed=args.seed)
-    path = table.save(args.cost_table, overwrite=args.overwrite, device=lm.device)
-    print(format_cost_table(table))
-    print(f"wrote {path}")
-    return 0
-
-
-def with_policy_variants(specs: list, text: str) -> list:
-    """Each OrthoRank spec followed by one spec per policy variant on its layers (method/policies.parse_variant),
-    named "<method> [<variant>]"; a variant that changes only the decode policy is marked decode_only (it would
-    time the same prefill twice)."""
-    variants = parse_variants(text)
-    if not any(s.kind == "orthorank" for s in specs):
-        raise UserError("--policies varies OrthoRank rows: add orthorank (or spread-orthorank) to --methods")
-    out = []
-    for s in specs:
-        out.append(s)
-        if s.kind == "orthorank":
-            out += [dataclasses.replace(s, name=f"{s.name} [{v}]", decode_only=set(parse_variant(v)) == {"decode"},
-                                        selection=dataclasses.replace(s.selection, **parse_variant(v)))
-                    for v in variants]
-    return out
-
-
-def run(args) -> int:
-    if args.cost_table:
-        return run_cost_table(args)
-    _check(args)
-    check_writable(args.json_out, args.overwrite)
-    plans = [(path, Plan.load(path)) for path in args.plan]
-    lm = load_from_args(args)
-    if not args.fit_batch:  # with --fit-batch an out-of-memory batch is halved and retried instead
-        check_memory(lm, max(args.batch), max(args.seq_len), "bench", all_logits=False)  # the last position's
-    for path, plan in plans:
-        plan.check_model(lm.name, lm.signature())
-        if plan.method == "dense":
-            raise UserError(f"plan file {path} is a dense plan; nothing to override")
-        if plan.method == "hybrid":
-            raise UserError(f"plan file {path} is a hybrid plan; bench times dense, prune and orthorank plans "
-                            "(predict a hybrid plan's speed-up from `bench --cost-table`, or time it with "
-                            "`compare --measure-speed`)")
-    selection = selection_from_args(args)
-    def specs_at(T: int) -> list:  # spread-orthorank matches compute at the length it runs at
-        specs = method_specs(args.methods, lm.num_layers, args.sparsity, selection, plans, model_name=lm.name,
-                             arch=Arch.from_config(lm.config, lm.num_layers), seq_len=T)
-        return with_policy_variants(specs, args.policies) if args.policies else specs
-
-    specs_by_len = {T: specs_at(T) for T in args.seq_len}
-    specs = specs_by_len[args.seq_len[0]]
-    cfg = lm.config
-    dtype = next(lm.model.parameters()).dtype
-    f_kv = kv_fraction(cfg)
-    print(f"model {lm.name}: {lm.num_layers} layers, hidden {cfg.hidden_size}, "
-          f"{cfg.num_attention_heads}/{getattr(cfg, 'num_key_value_heads', None)} heads, {dtype}, {lm.device}; "
-          f"f_kv {f_kv:.3f}, ideal selective layer cost {selective_layer_cost(f_kv, selection.ratio):.3f} by "
-          f"weights, " + ", ".join(f"{flop_layer_cost(cfg, T, selection.ratio):.3f} by FLOPs at {T} tokens"
-                                   for T in args.seq_len))
-    for s in specs:
-        print(f"  {s.name}: {s.kind}, {len(s.layers)} layers {s.layers} ({s.source})")
-
-    runs: list[dict] = []
-
-    def payload(done: bool) -> dict:
-        return {
-            "command": "bench",
-            "complete": done,
-            "model": lm.name,
-            "num_layers": lm.num_layers,
-            "config": {
-                "model_type": cfg.model_type,
-                "hidden_size": cfg.hidden_size,
-                "intermediate_size": cfg.intermediate_size,
-                "num_attention_heads": cfg.num_attention_heads,
-                "num_key_value_heads": getattr(cfg, "num_key_value_heads", None),
-                "vocab_size": cfg.vocab_size,
-            },
-            "dtype": str(dtype).replace("torch.", ""),
-            "methods": args.methods,
-            "sparsity": args.sparsity,
-            "selection": selection.to_dict(),
-            "f_kv": f_kv,
-            "ideal_selective_layer_cost": selective_layer_cost(f_kv, selection.ratio),  # weights only
-            "ideal_selective_layer_cost_flops": {str(T): flop_layer_cost(cfg, T, selection.ratio)
-                                                 for T in args.seq_len},
-            "seed": args.seed,
-            "runs": runs,
-        }
-
-    for mode, T in [(m, T) for m in args.mode for T in args.seq_len]:
-        batches = args.decode_batch if mode == "decode" and args.decode_batch else args.batch
-        seq_len = (args.prompt_len or T) if mode == "decode" else T
-        impls = args.decode_impl if mode == "decode" else ["eager"]
-        for requested, impl in [(b, i) for i in impls for b in batches]:
-            batch = requested
-            while True:
-                settings = RunSettings(mode, batch, seq_len, args.new_tokens, args.warmup, args.repeats,
-                                       args.cache, args.seed, impl)
-                print(f"{mode}: batch {batch} x {seq_len}" + (f", {args.new_tokens} new tokens ({impl})"
-                                                                 if mode == "decode" else ""))
-                load = _loadavg()
-                try:
-                    if mode == "layer":
-                        record = run_layer(lm.model, selection, settings, lm.device, args.layer_index, args.profile)
-                    else:
-                        record = run_methods(lm.model, [s for s in specs_by_len[T] if mode == "decode"
-                                                        or not s.decode_only], settings, lm.device)
-                except _oom_types() as exc:
-                    torch.cuda.empty_cache()
-                    if not args.fit_batch or batch == 1:
-                        raise UserError(f"out of memory at batch {batch} x {seq_len}: "
-                                        f"{str(exc).splitlines()[0]} (try --fit-batch or a smaller batch)") from None
-                    print(f"  out of memory at batch {batch}; retrying with {batch // 2}")
-                    batch //= 2
-                    continue
-                break
-            if batch != requested:
-                record["note"] = f"batch {requested} ran out of memory; {batch} is the largest that fitted"
-            record["requested_batch"] = requested
-            if load is not None:  # CPU timings depend on what else runs on the machine
-                record["load_average"] = {"before": load, "after": _loadavg()}
-            runs.append(record)
-            print(format_run(record))
-            if mode == "layer" and record.get("profile"):
-                prof = record["profile"]
-                for name in ("dense_layer", "selective_layer"):
-                    if name in prof:
-                        print(f"--- profile: {name}\n{prof[name]}")
-                for category, c in prof.get("categories", {}).items():
-                    share = "-" if c["selective_over_dense"] is None else f"x{c['selective_over_dense']:.3f}"
-                    print(f"  {category:24s} dense {c['dense_ms']:9.1f} ms  selective {c['selective_ms']:9.1f} ms  "
-                          f"{share}")
-                if "error" in prof:
-                    print(f"--- profile failed: {prof['error']}")
-            if args.json_out:  # rewritten after every run: a killed run keeps what finished
-                write_json(args.json_out, payload(False), device=lm.device, overwrite=True)
-
-    if args.json_out:
-        path = write_json(args.json_out, payload(True), device=lm.device, overwrite=True)
-        print(f"wrote {path}")
-    return 0
 
 
 def standalone(argv: list[str] | None = None) -> int:
@@ -301,11 +102,7 @@ def standalone(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv if argv[:1] == ["bench"] else ["bench", *argv])
     try:
-        return int(args.func(args) or 0)
+        return int(run(BenchOptions.from_namespace(args)) or 0)
     except UserError as exc:
         print(f"orthorank bench: error: {exc}", file=sys.stderr)
         return 2
-
-
-if __name__ == "__main__":
-    raise SystemExit(standalone())

@@ -5,23 +5,11 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from pathlib import Path
-
-import torch
 
 from orthorank.errors import UserError
-from orthorank.method.plan import Plan, parse_layers
-from orthorank.method.plan_store import find_plan, sparsity_label
-from orthorank.method.policies import DECODE_MODES, get_policy, parse_variant, parse_variants
-from orthorank.method.selection import CRITERIA, ORDERS, SOURCES, SelectionConfig
-from orthorank.method.registry import saved
-from orthorank.models.catalog import SHIPPED, package_gguf, shipped_by_package
-from orthorank.models.loading import (
-    EMBEDDED_MODEL, SHAPES, LoadedModel, gguf_model_name, load_model, package_model_name,
-)
-from orthorank.peak_memory import start_meter
-from orthorank.runtime.memory import check_fits
-from orthorank.store import ResultStore
+from orthorank.method.policies import DECODE_MODES, get_policy
+from orthorank.method.selection import CRITERIA, ORDERS, SOURCES
+from orthorank.models.loading import EMBEDDED_MODEL
 
 
 def policy_name(text: str) -> str:
@@ -58,16 +46,6 @@ def positive_int(text: str) -> int:
 
 def non_negative_int(text: str) -> int:
     return _int_at_least(text, 0, "0 or more")
-
-
-def variants_without_decode(text: str, command: str, where: str) -> list[str]:
-    """--policies of a command whose decode policy comes from elsewhere (longctx's --decode-modes) or that never
-    decodes (selection-map): a +decode= modifier there would be dropped silently, so it is refused."""
-    specs = parse_variants(text)
-    for spec in specs:
-        if "decode" in parse_variant(spec):
-            raise UserError(f"--policies {spec!r}: {command} {where}; write the variant without +decode=")
-    return specs
 
 
 DATA_DIR_HELP = ("data folder laid out like ../shared/data (default: $ORTHORANK_DATA_DIR, else ../shared/data or "
@@ -178,146 +156,3 @@ def add_store_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-store", action="store_true", help="compute everything, keep nothing")
     p.add_argument("--recompute-corrupt", action="store_true",
                    help="set aside corrupt store entries and recompute them (default: stop with an error)")
-
-
-def store_from_args(args):
-    return None if args.no_store else ResultStore(args.store, recompute_corrupt=args.recompute_corrupt)
-
-
-def selection_from_args(args, base: SelectionConfig | None = None) -> SelectionConfig:
-    base = base or SelectionConfig()
-    return SelectionConfig(
-        ratio=args.ratio if args.ratio is not None else base.ratio,
-        criterion=args.criterion or base.criterion,
-        source=args.source or base.source,
-        policy=args.policy or base.policy,
-        fitted=base.fitted,
-        bypass_kv=base.bypass_kv and not args.no_bypass_kv,
-        decode=args.decode or base.decode,
-        seed=args.seed,
-        keep_recent=args.keep_recent if args.keep_recent is not None else base.keep_recent,
-        keep_first=args.keep_first if args.keep_first is not None else base.keep_first,
-    )
-
-
-def setup_torch(args) -> None:
-    if getattr(args, "threads", None):
-        torch.set_num_threads(args.threads)
-    torch.manual_seed(args.seed)
-
-
-def load_from_args(args) -> LoadedModel:
-    plan = getattr(args, "plan", None)
-    if isinstance(plan, (str, Path)) and str(plan):
-        Plan.load(plan)  # a missing or broken plan file is a one-line error before the model loads
-    setup_torch(args)
-    lm = load_model(args.model, device=args.device, dtype=args.dtype, seed=args.seed,
-                    num_layers=getattr(args, "num_layers", None), max_memory=getattr(args, "max_memory", None),
-                    offload_dir=getattr(args, "offload_dir", None))
-    print(lm.description(), file=sys.stderr, flush=True)
-    start_meter(lm.device)  # result files record the peak above the model from here on
-    return lm
-
-
-def check_memory(lm: LoadedModel, batch: int, tokens: int, what: str, *, loss: bool = False,
-                 new_tokens: int = 0, all_logits: bool | None = None) -> None:
-    """Stop before a run whose batch x tokens would not fit in the memory available (runtime/memory.py)."""
-    check_fits(lm.model, batch, tokens, what=what, loss=loss, new_tokens=new_tokens, device=lm.device,
-               all_logits=all_logits)
-
-
-def _saved_plan(args, lm: LoadedModel, path) -> Plan:
-    """A plan file checked against the loaded model, with any selection options of the command line applied."""
-    plan = Plan.load(path)
-    plan.check_model(lm.name, lm.signature())
-    overrides = (args.ratio, args.criterion, args.source, args.policy, args.decode, args.keep_recent,
-                 args.keep_first)
-    if plan.method == "hybrid" and args.ratio is not None:
-        raise UserError("a hybrid plan sets each selection layer's ratio; --ratio does not apply to it")
-    if plan.method in ("orthorank", "hybrid") and (any(v is not None for v in overrides) or args.no_bypass_kv):
-        plan.selection = selection_from_args(args, plan.selection)
-    return plan
-
-
-def plan_from_args(args, lm: LoadedModel) -> Plan:
-    """A plan from --plan FILE, or from --method/--layers/--ratio."""
-    if args.plan:
-        return _saved_plan(args, lm, args.plan)
-    if args.method == "dense":
-        if args.layers:
-            raise UserError("--layers needs --method orthorank or prune")
-        return Plan("dense", [], lm.name, lm.signature())
-    if not args.layers:
-        raise UserError(f"--method {args.method} needs --layers or --plan")
-    layers = parse_layers(args.layers, lm.num_layers)
-    selection = selection_from_args(args) if args.method == "orthorank" else None
-    return Plan(args.method, layers, lm.name, lm.signature(), selection=selection)
-
-
-# -- saved plans by method and sparsity (ppl, zeroshot, generate, selection-map, compare, longctx) -------------------
-
-
-def expected_model_name(spec: str) -> str:
-    """The name load_model will give `spec` (what plans record), known before loading it."""
-    if spec in SHIPPED:
-        return spec
-    if spec.lower().endswith(".gguf"):
-        return gguf_model_name(spec)
-    by_package = shipped_by_package(spec)
-    if by_package is not None:
-        return by_package.name
-    if Path(spec).is_dir():
-        return Path(spec).resolve().name
-
-    if spec in SHAPES or "/" in spec or Path(spec).exists():
-        return spec
-    # An installed package: its normalized name, without assembling a chunked one (loading does that).
-    return package_model_name(spec) if package_gguf(spec, assemble=False) is not None else spec
-
-
-def saved_plan_file(model_name: str, label: str, sparsity: float, plans_dir: str | Path | None = None,
-                    check: bool = True) -> Path:
-    """The saved plan <label>-<sparsity>.json: in plans_dir when given, else under plans/<model>/ (find_plan). With
-    check, the file is read too, so a missing or broken plan is a one-line error before any model loads."""
-    if plans_dir is None:
-        path = find_plan(model_name, label, sparsity)
-    else:
-        path = Path(plans_dir) / f"{label}-{sparsity_label(sparsity)}.json"
-        if not path.is_file():
-            raise UserError(f"no {label} plan at sparsity {sparsity_label(sparsity)} in {plans_dir} (looked for "
-                            f"{path}); run `orthorank calibrate --out {plans_dir}` first")
-    if check:
-        Plan.load(path)
-    return path
-
-
-def saved_plan_path(args) -> Path | None:
-    """For --method M --sparsity S: the saved plan file (in --plans-dir, else plans/<model>/), found and read before
-    the model is loaded."""
-    if args.sparsity is None:
-        return None
-    if args.plan:
-        raise UserError("give either --plan or --method with --sparsity, not both")
-    if args.layers:
-        raise UserError("--sparsity picks a saved plan; it does not combine with --layers")
-    if args.method == "dense":
-        raise UserError("--method dense takes no --sparsity")
-    if args.method == "prune":
-        raise UserError("with --sparsity, name the searched method: " + ", ".join(saved()))
-    return saved_plan_file(expected_model_name(args.model), args.method, args.sparsity,
-                           getattr(args, "plans_dir", None))
-
-
-def check_plan_args(args) -> None:
-    """Plan options that cannot work, found before the model is loaded."""
-    if args.sparsity is None and args.method != "dense" and not args.plan and not (
-            args.layers and args.method in ("orthorank", "prune")):
-        extra = " or --layers" if args.method in ("orthorank", "prune") else ""
-        raise UserError(f"--method {args.method} needs --sparsity S (a saved plan), --plan FILE{extra}")
-
-
-def plan_for(args, lm, saved: Path | None) -> Plan:
-    """--plan FILE, --method M --sparsity S (saved plan), or --method/--layers as in other commands."""
-    if saved is not None:
-        return _saved_plan(args, lm, saved)
-    return plan_from_args(args, lm)

@@ -1,4 +1,5 @@
-"""`orthorank` command line. Each subcommand lives in its own module and registers itself here."""
+"""`orthorank` command line: parse, call the library function of the command (orthorank.api), report errors.
+Each subcommand's options live in its own module here; what it does lives in orthorank.api."""
 
 from __future__ import annotations
 
@@ -8,10 +9,13 @@ import os
 import sys
 
 from orthorank import distributed
+from orthorank.api import JOBS, job
+from orthorank.api.options import BY_COMMAND
 from orthorank.errors import UserError
 from orthorank.results import record_command
 
-# One module per subcommand; each defines `add_parser(subparsers)` that sets `func(args) -> int`.
+# One module per subcommand; each defines `add_parser(subparsers)`. Parsed options go to the command's function:
+# the library's (orthorank.api.JOBS), and the study runner, which sits above the library it calls.
 COMMAND_MODULES = [
     "orthorank.cli.ppl",
     "orthorank.cli.bench",
@@ -25,6 +29,7 @@ COMMAND_MODULES = [
     "orthorank.cli.longctx",
     "orthorank.cli.study",
 ]
+COMMANDS = {**JOBS, "study": "orthorank.study.runner:run"}
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -52,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     record_command(sys.argv[1:] if argv is None else argv)
     finished = False
     try:
-        code = int(args.func(args) or 0)
+        code = int(job(args.command, COMMANDS)(BY_COMMAND[args.command].from_namespace(args)) or 0)
         finished = True
         return code
     except UserError as exc:

@@ -6,7 +6,7 @@ standard is what the README reports; full is the paper's protocol where this mac
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from orthorank.errors import UserError
@@ -27,10 +27,10 @@ class TransferSetting:
     def name(self) -> str:
         return f"{self.source}-{self.tokens // 1024}k" if self.tokens % 1024 == 0 else f"{self.source}-{self.tokens}"
 
-    def calibrate_flags(self, seq_len: int) -> list[str]:
-        first = min(1.0, FIRST_RACE_TOKENS / self.tokens)
-        return ["--calib-data", self.source, "--calib-tokens", str(self.tokens), "--seq-len", str(seq_len),
-                "--batch-size", str(CALIB_BATCH), "--screen-fraction", f"{first:g}"]
+    def calibrate_options(self, seq_len: int) -> dict[str, Any]:
+        """This setting's calibration, as CalibrateOptions fields."""
+        return {"calib_data": self.source, "calib_tokens": self.tokens, "seq_len": seq_len,
+                "batch_size": CALIB_BATCH, "screen_fraction": min(1.0, FIRST_RACE_TOKENS / self.tokens)}
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ class TransferBudget:
     seq_len: int  # evaluation windows, and the length at which compute is matched
     levels: tuple[float, ...]  # evaluated levels (plans are searched at every level of the budget)
     calib_seq_len: int = 256  # calibration windows (batches of CALIB_BATCH)
-    calibrate_extra: tuple[str, ...] = ()
+    calibrate: dict[str, Any] = field(default_factory=dict)  # more CalibrateOptions fields for its searches
 
     def caption(self) -> str:
         return (f"calibration settings {', '.join(s.name for s in self.settings)}; evaluation on the first "
@@ -83,10 +83,11 @@ class RouterBudget:
     iterations: int = 2
     targets: tuple[str, ...] = ()  # () = every target of search/router_fit.py
 
-    def fit_flags(self) -> list[str]:
-        out = ["--calib-samples", str(self.calib_samples), "--seq-len", str(self.calib_seq_len),
-               "--iterations", str(self.iterations)]
-        return out + (["--targets", ",".join(self.targets)] if self.targets else [])
+    def fit_options(self) -> dict[str, Any]:
+        """The fit's settings, as FitRouterOptions fields."""
+        out: dict[str, Any] = {"calib_samples": self.calib_samples, "seq_len": self.calib_seq_len,
+                               "iterations": self.iterations}
+        return out | ({"targets": ",".join(self.targets)} if self.targets else {})
 
 
 @dataclass(frozen=True)
@@ -105,7 +106,8 @@ class Budget:
     sink_samples: int
     hybrid: bool  # the hybrid frontier: a cost table of this machine, a hybrid search, its perplexity
     decode_tokens: int = 32  # timed decode steps
-    calibration: tuple[str, ...] = ()  # extra `calibrate` flags for plans searched here (default: its defaults)
+    calibration: dict[str, Any] = field(default_factory=dict)  # CalibrateOptions fields for plans searched here
+    # (default: calibrate's defaults)
     transfer: TransferBudget | None = None  # the transfer stage (run only when asked for: hours per model)
     decode_policies: bool = True  # the decode stage: continuation perplexity under each decode policy
     policies: PolicyBudget | None = None  # the policies stage (run only when asked for: hours per model)
@@ -136,9 +138,9 @@ BUDGETS: dict[str, Budget] = {
                    router=RouterBudget(64, 2048)),
     # for tests and a smoke run of a new setup: every stage, seconds on a tiny model
     "test": Budget("test", (0.1, 0.2), (0.2,), 2, 64, 4, "512", 2, 6, 64, 1, False, 4,
-                   ("--calib-samples", "4", "--seq-len", "64", "--measure-speed", "0"),
+                   {"calib_samples": 4, "seq_len": 64, "measure_speed": 0},
                    TransferBudget((TransferSetting("c4", 128), TransferSetting("code", 128)), 2, 64, (0.2,),
-                                  calib_seq_len=32, calibrate_extra=("--measure-speed", "0")),
+                                  calib_seq_len=32, calibrate={"measure_speed": 0}),
                    policies=PolicyBudget("512", 1, ("niah_single",), 1, (0.2,), ("random", "oracle", "orthogonal+recent=8"),
                                          longbench_max_length=256),
                    router=RouterBudget(4, 32, 1, ("update", "loss"))),

@@ -23,6 +23,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from orthorank.api.options import CompareOptions, LongbenchOptions, LongctxOptions, Options
 from orthorank.method.plan_store import sparsity_label
 from orthorank.results import atomic_write_text
 from orthorank.study.budgets import DOMAINS, ZEROSHOT_TASKS
@@ -37,27 +38,24 @@ def policies_output(ctx: StudyContext) -> Path:
     return ctx.out / "policies" / "policies.json"
 
 
-def policies_argv(ctx: StudyContext) -> list[list[str]]:
+def policies_calls(ctx: StudyContext) -> list[Options]:
     b, p = ctx.budget, ctx.budget.policies
     specs = ",".join(p.policies)
-    cmds = []
+    calls: list[Options] = []
     for level in p.levels:
-        d, lv = level_dir(ctx, level), sparsity_label(level)
-        rows = ["--methods", "dense,sleb,orthorank", "--sparsity", lv, "--plans-dir", str(ctx.plans_dir)]
-        cmds += [
-            ["compare", *ctx.common, *ctx.data, *rows, "--datasets", ",".join(DOMAINS), "--seq-len",
-             str(b.ppl_seq_len), "--max-windows", str(b.ppl_windows), "--policies", specs, "--zeroshot", "--tasks",
-             ",".join(ZEROSHOT_TASKS), "--limit", str(b.zeroshot_limit), *ctx.store_args(),
-             "--out", str(d / "compare"), "--overwrite"],
-            ["longctx", *ctx.common, *ctx.data, *rows, "--lengths", p.lengths, "--samples", str(p.samples),
-             "--tasks", ",".join(p.tasks), "--decode-modes", "dense", "--policies", specs, *ctx.store_args(),
-             "--out", str(d / "longctx"), "--overwrite"],
-            ["longbench", *ctx.common, *ctx.data, *rows, "--tasks", "multi_news", "--limit", str(p.longbench_limit),
-             "--decode-modes", "dense", "--policies", specs,
-             *(["--max-length", str(p.longbench_max_length)] if p.longbench_max_length else []),
-             *ctx.store_args(), "--out", str(d / "longbench"), "--overwrite"],
+        d = level_dir(ctx, level)
+        rows = {"methods": "dense,sleb,orthorank", "plans_dir": str(ctx.plans_dir), "policies": specs,
+                "overwrite": True}
+        calls += [
+            ctx.options(CompareOptions, **rows, sparsity=sparsity_label(level), datasets=",".join(DOMAINS),
+                        seq_len=b.ppl_seq_len, max_windows=b.ppl_windows, zeroshot=True,
+                        tasks=",".join(ZEROSHOT_TASKS), limit=b.zeroshot_limit, out=str(d / "compare")),
+            ctx.options(LongctxOptions, **rows, sparsity=level, lengths=p.lengths, samples=p.samples,
+                        tasks=",".join(p.tasks), decode_modes="dense", out=str(d / "longctx")),
+            ctx.options(LongbenchOptions, **rows, sparsity=level, tasks="multi_news", limit=p.longbench_limit,
+                        decode_modes="dense", max_length=p.longbench_max_length, out=str(d / "longbench")),
         ]
-    return cmds
+    return calls
 
 
 def level_choice(ctx: StudyContext, level: float) -> tuple[dict[str, Any], str]:

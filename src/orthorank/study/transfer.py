@@ -18,12 +18,13 @@ from typing import Iterator
 
 import numpy as np
 
+from orthorank.api.options import CalibrateOptions, CompareOptions, Options
 from orthorank.evaluation.stats import draw_ratio, worst_ratio, worst_ratio_scores
 from orthorank.method.plan import Plan
 from orthorank.method.plan_store import sparsity_label
 from orthorank.results import atomic_save_figure, atomic_write_text
 from orthorank.study.budgets import DOMAINS, TransferSetting
-from orthorank.study.context import StudyContext, hybrid_cost_table_argv
+from orthorank.study.context import StudyContext, hybrid_cost_table
 
 METHODS = ("sleb", "shortgpt", "shortened-ppl", "orthorank", "hybrid")
 # In-domain: the evaluation domains a calibration source's text comes from (a mix: all of them).
@@ -39,7 +40,7 @@ def _have(folder: Path, method: str, levels) -> bool:
     return all((folder / f"{method}-{sparsity_label(s)}.json").is_file() for s in levels)
 
 
-def transfer_argv(ctx: StudyContext) -> Iterator[list[str]]:
+def transfer_calls(ctx: StudyContext) -> Iterator[Options]:
     """The greedy and one-shot searches of every setting, each setting evaluated after them, from the cheapest
     setting to the dearest (fewest calibration tokens first), so the matrix that chooses the default calibration
     fills first; then the hybrid search (the dearest by far: 2.1 h on 2K tokens of SmolLM2-135M on 2 cores) on the
@@ -51,18 +52,17 @@ def transfer_argv(ctx: StudyContext) -> Iterator[list[str]]:
     order = sorted(t.settings, key=lambda s: s.tokens)
     searched = [m for m in METHODS if m != "hybrid"]
 
-    def calibrate(setting: TransferSetting, method: str) -> list[str]:
-        extra = ["--cost-table", str(table)] if method == "hybrid" else []
-        return ["calibrate", *ctx.common, *ctx.data, "--method", method, *extra, "--sparsity",
-                ctx.levels(b.levels), *setting.calibrate_flags(t.calib_seq_len), "--cost-seq-len",
-                str(t.seq_len), *t.calibrate_extra, "--out", str(setting_plans(ctx, setting)),
-                *ctx.store_args()]
+    def calibrate(setting: TransferSetting, method: str) -> CalibrateOptions:
+        extra = {"cost_table": str(table)} if method == "hybrid" else {}
+        return ctx.options(CalibrateOptions, method=method, sparsity=ctx.levels(b.levels), cost_seq_len=t.seq_len,
+                           out=str(setting_plans(ctx, setting)),
+                           **(setting.calibrate_options(t.calib_seq_len) | t.calibrate | extra))
 
-    def compare(setting: TransferSetting, methods: list[str]) -> list[str]:
-        return ["compare", *ctx.common, *ctx.data, "--methods", ",".join(["dense", *methods]), "--sparsity",
-                ctx.levels(t.levels), "--datasets", ",".join(DOMAINS), "--seq-len", str(t.seq_len),
-                "--max-windows", str(t.windows), "--plans-dir", str(setting_plans(ctx, setting)),
-                *ctx.store_args(), "--out", str(ctx.out / "transfer" / setting.name), "--overwrite"]
+    def compare(setting: TransferSetting, methods: list[str]) -> CompareOptions:
+        return ctx.options(CompareOptions, methods=",".join(["dense", *methods]), sparsity=ctx.levels(t.levels),
+                           datasets=",".join(DOMAINS), seq_len=t.seq_len, max_windows=t.windows,
+                           plans_dir=str(setting_plans(ctx, setting)), out=str(ctx.out / "transfer" / setting.name),
+                           overwrite=True)
 
     for setting in order:
         plans = setting_plans(ctx, setting)
@@ -76,7 +76,7 @@ def transfer_argv(ctx: StudyContext) -> Iterator[list[str]]:
     if chosen is not None and not evaluated(ctx, chosen, [*searched, "hybrid"]):
         if not _have(setting_plans(ctx, chosen), "hybrid", b.levels):
             if not table.is_file():
-                yield hybrid_cost_table_argv(ctx, table)
+                yield hybrid_cost_table(ctx, table)
             yield calibrate(chosen, "hybrid")
         yield compare(chosen, [*searched, "hybrid"])
 
@@ -281,9 +281,9 @@ def transfer_done(path: Path) -> bool:
     return path.is_file() and json.loads(path.read_text()).get("complete") is True
 
 
-def after_command(ctx: StudyContext, argv: list[str]) -> None:
+def after_command(ctx: StudyContext, options: Options) -> None:
     """Each finished setting's evaluation renders the matrix so far, so partial matrices can be committed."""
-    if argv[0] == "compare":
+    if options.command == "compare":
         render_matrix(ctx)
 
 

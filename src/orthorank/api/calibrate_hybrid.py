@@ -13,10 +13,15 @@ from pathlib import Path
 import torch
 
 from orthorank import distributed as dist
-from orthorank.cli.calibration_options import (
-    calibration_samples, check_calibration_source, parse_sparsities, router_base, screen_batches,
+from orthorank.api.calibration_options import (
+    calibration_samples,
+    check_calibration_source,
+    parse_sparsities,
+    router_base,
+    screen_batches,
 )
-from orthorank.cli.common import check_memory, load_from_args, selection_from_args, store_from_args
+from orthorank.api.common import check_memory, load_model_from_options, selection_from_options, store_from_options
+from orthorank.api.options import CalibrateOptions
 from orthorank.errors import UserError, number_list
 from orthorank.method.apply import restore_dense
 from orthorank.method.cost import Arch
@@ -45,20 +50,20 @@ def target_label(target: float) -> str:
     return f"x{target:g}"
 
 
-def _table_targets(args, table, parse_ratios, parse_sparsities, check_targets, sparsity_label, REMOVE):
+def _table_targets(opts: CalibrateOptions, table, parse_ratios, parse_sparsities, check_targets, sparsity_label, REMOVE):
     """Ratios, levels, file names, targets and output paths of a hybrid search on a measured cost table."""
-    ratios = parse_ratios(args.ratios) if args.ratios is not None else table.ratios
+    ratios = parse_ratios(opts.ratios) if opts.ratios is not None else table.ratios
     for r in ratios:
         table.fraction(r)
     L = table.num_layers
     candidates = list(range(1, L - 1))
-    if args.target_speedup is not None:
-        targets = parse_targets(args.target_speedup)
+    if opts.target_speedup is not None:
+        targets = parse_targets(opts.target_speedup)
         levels = {t: [None] for t in targets}
         names = {t: [f"hybrid-{target_label(t)}.json"] for t in targets}
     else:
         levels = {}
-        for s in parse_sparsities(args.sparsity, search=True):
+        for s in parse_sparsities(opts.sparsity, search=True):
             removed = min(L, math.ceil(s * L - 1e-9))
             if removed == 0:
                 raise UserError(f"sparsity {s:g} removes no layer of {L}; it names no speed-up")
@@ -66,64 +71,64 @@ def _table_targets(args, table, parse_ratios, parse_sparsities, check_targets, s
         targets = sorted(levels)
         names = {t: [f"hybrid-{sparsity_label(s)}.json" for s in levels[t]] for t in targets}
     check_targets(targets, table, candidates)
-    if args.json_out and sum(len(v) for v in levels.values()) > 1:
+    if opts.json_out and sum(len(v) for v in levels.values()) > 1:
         raise UserError("--json takes one level; use --out DIR for several")
-    outputs = {t: [Path(args.json_out)] if args.json_out else [Path(args.out) / n for n in names[t]]
+    outputs = {t: [Path(opts.json_out)] if opts.json_out else [Path(opts.out) / n for n in names[t]]
                for t in targets}
     for paths in outputs.values():
         for path in paths:
-            check_writable(path, args.overwrite)
+            check_writable(path, opts.overwrite)
     return ratios, levels, names, targets, outputs
 
 
 DEFAULT_LAYER_RATIOS = (0.25, 0.33, 0.5)
 
 
-def run_hybrid(args) -> int:
+def run_hybrid(opts: CalibrateOptions) -> int:
     """`--method hybrid` (a measured cost table, removals allowed) and `--method orthorank-ratios` (the FLOP cost
     model, no removals, the last move's ratio set so that the compute equals pruning's exactly)."""
-    ratios_mode = args.method == "orthorank-ratios"
+    ratios_mode = opts.method == "orthorank-ratios"
     if ratios_mode:
-        if args.cost_table is not None or args.target_speedup is not None:
+        if opts.cost_table is not None or opts.target_speedup is not None:
             raise UserError("--method orthorank-ratios matches pruning's compute (the FLOP count); it takes "
                             "--sparsity, not --cost-table or --target-speedup")
-        if args.sparsity is None:
+        if opts.sparsity is None:
             raise UserError("--method orthorank-ratios needs --sparsity")
-    elif args.cost_table is None:
+    elif opts.cost_table is None:
         raise UserError("--method hybrid needs --cost-table FILE (measure it on the target device with "
                         "`orthorank bench --cost-table FILE`)")
-    if (args.target_speedup is None) == (args.sparsity is None):
+    if (opts.target_speedup is None) == (opts.sparsity is None):
         raise UserError("--method hybrid takes either --target-speedup X (predicted speed-ups) or --sparsity S "
                         "(the speed-up of removing ceil(S L) layers), not both and not neither")
-    if args.ratio is not None:
-        raise UserError(f"--ratio is OrthoRank's one ratio; a {args.method} search takes --ratios")
-    if args.match != ["compute"]:
-        raise UserError(f"--match applies to OrthoRank's layer count, not to {args.method} searches")
+    if opts.ratio is not None:
+        raise UserError(f"--ratio is OrthoRank's one ratio; a {opts.method} search takes --ratios")
+    if opts.match != ["compute"]:
+        raise UserError(f"--match applies to OrthoRank's layer count, not to {opts.method} searches")
     if ratios_mode:
         table = None
-        ratios = parse_ratios(args.ratios) if args.ratios is not None else list(DEFAULT_LAYER_RATIOS)
-        sparsities = parse_sparsities(args.sparsity, search=True)
+        ratios = parse_ratios(opts.ratios) if opts.ratios is not None else list(DEFAULT_LAYER_RATIOS)
+        sparsities = parse_sparsities(opts.sparsity, search=True)
         names = {s: f"orthorank-ratios-{sparsity_label(s)}.json" for s in sparsities}
-        if args.json_out and len(sparsities) > 1:
+        if opts.json_out and len(sparsities) > 1:
             raise UserError("--json takes one sparsity; use --out DIR for several")
         for s in sparsities:
-            check_writable(Path(args.json_out) if args.json_out else Path(args.out) / names[s], args.overwrite)
+            check_writable(Path(opts.json_out) if opts.json_out else Path(opts.out) / names[s], opts.overwrite)
     else:
-        table = CostTable.load(args.cost_table)  # a missing or garbled table fails before the model loads
-        ratios, levels, names, targets, outputs = _table_targets(args, table, parse_ratios, parse_sparsities,
+        table = CostTable.load(opts.cost_table)  # a missing or garbled table fails before the model loads
+        ratios, levels, names, targets, outputs = _table_targets(opts, table, parse_ratios, parse_sparsities,
                                                                  check_targets, sparsity_label, REMOVE)
 
-    base_router = router_base(args)  # a missing or broken --router bank fails before the model loads
-    dist.init(args.device)
-    samples = calibration_samples(args)
-    check_calibration_source(args.calib_data, args.data_dir)
-    lm = load_from_args(args)
+    base_router = router_base(opts)  # a missing or broken --router bank fails before the model loads
+    dist.init(opts.device)
+    samples = calibration_samples(opts)
+    check_calibration_source(opts.calib_data, opts.data_dir)
+    lm = load_model_from_options(opts)
     if lm.tokenizer is None:
         raise UserError("calibration needs a real model with a tokenizer")
     restore_dense(lm.model)
     arch = Arch.from_config(lm.config, lm.num_layers)
     if ratios_mode:  # targets: pruning's compute at each level, on the FLOP count at --cost-seq-len
-        table = FlopCostTable.build(arch, args.cost_seq_len, ratios, lm.name, lm.signature())
+        table = FlopCostTable.build(arch, opts.cost_seq_len, ratios, lm.name, lm.signature())
         L = table.num_layers
         levels = {}
         for s in sparsities:
@@ -132,29 +137,29 @@ def run_hybrid(args) -> int:
                 raise UserError(f"sparsity {s:g} removes no layer of {L}; it names no compute target")
             levels.setdefault(table.predicted_speedup({i: REMOVE for i in range(removed)}), []).append(s)
         targets = sorted(levels)
-        outputs = {t: [Path(args.json_out)] if args.json_out else [Path(args.out) / names[s] for s in levels[t]]
+        outputs = {t: [Path(opts.json_out)] if opts.json_out else [Path(opts.out) / names[s] for s in levels[t]]
                    for t in targets}
         check_targets(targets, table, list(range(1, L - 1)), ratios, remove=False)
     else:
         table.check_model(lm.name, lm.signature())
         table.check_device(device_description(lm.device))
     candidates = list(range(1, table.num_layers - 1))  # first and last layer are never touched (as in SLEB)
-    selection = selection_from_args(args, base_router)
-    calib = calibration_set(lm.tokenizer, args.calib_data, samples, args.seq_len, args.seed, args.data_dir)
-    check_context(lm.model, args.seq_len)
-    check_memory(lm, args.batch_size, args.seq_len, args.method, loss=True)
-    runner = StackRunner(lm.model, calib.windows, args.batch_size)
-    screen = screen_batches(args, len(runner.batches))
+    selection = selection_from_options(opts, base_router)
+    calib = calibration_set(lm.tokenizer, opts.calib_data, samples, opts.seq_len, opts.seed, opts.data_dir)
+    check_context(lm.model, opts.seq_len)
+    check_memory(lm, opts.batch_size, opts.seq_len, opts.method, loss=True)
+    runner = StackRunner(lm.model, calib.windows, opts.batch_size)
+    screen = screen_batches(opts, len(runner.batches))
     say = print if dist.is_main() else (lambda *a, **k: None)
-    say(f"{args.method}: targets {', '.join(f'{t:.4f}x' for t in targets)} on {table.source} "
+    say(f"{opts.method}: targets {', '.join(f'{t:.4f}x' for t in targets)} on {table.source} "
         + ("" if ratios_mode else f"({table.device.get('name')}, {table.dtype}, {table.batch} x {table.seq_len})")
         + "; ratios "
-        f"{', '.join(f'{r:g}' for r in ratios)}; calibration {samples} x {args.seq_len} tokens from "
-        f"{args.calib_data} (seed {args.seed})" + (", exhaustive" if screen is None else
+        f"{', '.join(f'{r:g}' for r in ratios)}; calibration {samples} x {opts.seq_len} tokens from "
+        f"{opts.calib_data} (seed {opts.seed})" + (", exhaustive" if screen is None else
                                                   f", screening on {screen} of {len(runner.batches)} batches")
         + f", {dist.world_size()} process(es)")
     table_digest = (hashlib.sha256(json.dumps(table.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
-                    if ratios_mode else hashlib.sha256(Path(args.cost_table).read_bytes()).hexdigest()[:16])
+                    if ratios_mode else hashlib.sha256(Path(opts.cost_table).read_bytes()).hexdigest()[:16])
 
     made: dict[float, Plan] = {}
 
@@ -186,7 +191,7 @@ def run_hybrid(args) -> int:
                      "predicted_speedup": round(table.predicted_speedup(actions), 6),
                      "level": ("the predicted speed-up of removing ceil(s L) layers" if levels[t][0] is not None
                                else "a predicted speed-up"),
-                     "cost_table": {"path": str(args.cost_table), "sha256": table_digest, "device": table.device,
+                     "cost_table": {"path": str(opts.cost_table), "sha256": table_digest, "device": table.device,
                                     "dtype": table.dtype, "batch": table.batch, "seq_len": table.seq_len,
                                     "dense_layer_s": table.dense_layer_s, "rest_s": table.rest_s,
                                     "selective_fraction": table.selective}}
@@ -196,13 +201,13 @@ def run_hybrid(args) -> int:
             provenance={
                 **basis,
                 "ratios": ratios,
-                "cost_seq_len": args.cost_seq_len,
+                "cost_seq_len": opts.cost_seq_len,
                 "steps": [s.to_dict() for s in result.steps[:n]],
                 "dense_loss": round(result.dense_loss, 6),
                 "loss": round(result.steps[n - 1].loss, 6),
                 "calibration": calib.provenance,
                 "search_mode": "exhaustive" if screen is None else {"race": {"first_batches": screen,
-                                                                             "keep": args.recheck, "alpha": ALPHA}},
+                                                                             "keep": opts.recheck, "alpha": ALPHA}},
                 # up to this target, over every run of a resumed search (None: steps stored before per-step timing)
                 "search_seconds": _rounded(checkpoint.seconds_at(n)),
                 "search_resumed_steps": checkpoint.resumed,
@@ -221,25 +226,25 @@ def run_hybrid(args) -> int:
 
     settings = {"cost_table": table_digest, "targets": targets, "ratios": ratios, "candidates": candidates,
                 "selection": selection.key_dict(), "screen_batches": screen,
-                "recheck": None if screen is None else args.recheck, "race_alpha": None if screen is None else ALPHA}
+                "recheck": None if screen is None else opts.recheck, "race_alpha": None if screen is None else ALPHA}
     if ratios_mode:
         settings["remove"] = False
-    checkpoint = Checkpoint.open(store_from_args(args), runner, args.method, settings, code="hybrid-search")
+    checkpoint = Checkpoint.open(store_from_options(opts), runner, opts.method, settings, code="hybrid-search")
     try:
-        result = get_search(args.method).run(runner, table, targets, ratios, candidates, selection, progress=True,
-                                             screen_batches=screen, recheck=args.recheck, log=say,
+        result = get_search(opts.method).run(runner, table, targets, ratios, candidates, selection, progress=True,
+                                             screen_batches=screen, recheck=opts.recheck, log=say,
                                              on_reached=write, checkpoint=checkpoint)
     except KeyboardInterrupt:
         where = f"in {checkpoint.folder}" if checkpoint.folder is not None else "nowhere (--no-store)"
         print(f"orthorank calibrate: interrupted; {checkpoint.resumed + checkpoint.written} finished step entries "
               f"kept {where}; run the same command again to resume from there", file=sys.stderr)
         return 130
-    say(f"{args.method}: search took {result.seconds:.1f}s, {len(result.steps)} steps ({result.evaluations} move "
+    say(f"{opts.method}: search took {result.seconds:.1f}s, {len(result.steps)} steps ({result.evaluations} move "
         f"evaluations; dense calibration loss {result.dense_loss:.4f})"
         + (f"; resumed {checkpoint.resumed} stored step(s)" if checkpoint.resumed else ""))
     for t, plan in made.items():
         for path, level in zip(outputs[t], levels[t]):  # levels that name the same target share its plan
-            dataclasses.replace(plan, target_sparsity=level).save(path, overwrite=args.overwrite)
+            dataclasses.replace(plan, target_sparsity=level).save(path, overwrite=opts.overwrite)
             print(f"  wrote {path}")
     return 0
 

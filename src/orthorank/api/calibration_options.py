@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import math
 
+from orthorank.api.options import Options
 from orthorank.errors import UserError, number_list
 from orthorank.evaluation.data import load_calibration_part
 from orthorank.method.plan import MATCH_RULES, Plan, check_sparsity
@@ -14,18 +15,17 @@ from orthorank.method.selection import SelectionConfig
 from orthorank.search.calibration import DEFAULT_CALIB_TOKENS, FIRST_RACE_TOKENS, parse_mix
 
 
-
-def screen_batches(args, batches: int) -> int | None:
+def screen_batches(opts: Options, batches: int) -> int | None:
     """The batches every candidate is scored on first (None: exhaustive). --screen-fraction when given, else the
     batches of the first FIRST_RACE_TOKENS calibration tokens."""
-    if args.exhaustive:
+    if opts.exhaustive:
         return None
-    if args.screen_fraction is not None:
-        if not 0.0 < args.screen_fraction <= 1.0:
-            raise UserError(f"--screen-fraction must be in (0, 1], got {args.screen_fraction}")
-        screen = max(1, math.ceil(args.screen_fraction * batches - 1e-9))
+    if opts.screen_fraction is not None:
+        if not 0.0 < opts.screen_fraction <= 1.0:
+            raise UserError(f"--screen-fraction must be in (0, 1], got {opts.screen_fraction}")
+        screen = max(1, math.ceil(opts.screen_fraction * batches - 1e-9))
     else:
-        screen = max(1, math.ceil(FIRST_RACE_TOKENS / (args.batch_size * args.seq_len) - 1e-9))
+        screen = max(1, math.ceil(FIRST_RACE_TOKENS / (opts.batch_size * opts.seq_len) - 1e-9))
     return None if screen >= batches else screen
 
 
@@ -59,17 +59,17 @@ def match_rules(text: str) -> list[str]:
     return list(dict.fromkeys(rules))
 
 
-def calibration_samples(args) -> int:
+def calibration_samples(opts: Options) -> int:
     """--calib-tokens (a multiple of --seq-len) or --calib-samples (default: DEFAULT_CALIB_TOKENS)."""
-    if args.calib_tokens is not None and args.calib_samples is not None:
+    if opts.calib_tokens is not None and opts.calib_samples is not None:
         raise UserError("give --calib-tokens or --calib-samples, not both")
-    if args.calib_samples is not None:
-        return args.calib_samples
-    if args.calib_tokens is None:
-        return max(1, DEFAULT_CALIB_TOKENS // args.seq_len)
-    if args.calib_tokens % args.seq_len:
-        raise UserError(f"--calib-tokens {args.calib_tokens} is not a multiple of --seq-len {args.seq_len}")
-    return args.calib_tokens // args.seq_len
+    if opts.calib_samples is not None:
+        return opts.calib_samples
+    if opts.calib_tokens is None:
+        return max(1, DEFAULT_CALIB_TOKENS // opts.seq_len)
+    if opts.calib_tokens % opts.seq_len:
+        raise UserError(f"--calib-tokens {opts.calib_tokens} is not a multiple of --seq-len {opts.seq_len}")
+    return opts.calib_tokens // opts.seq_len
 
 
 def check_calibration_source(source: str, data_dir) -> None:
@@ -79,16 +79,16 @@ def check_calibration_source(source: str, data_dir) -> None:
             load_calibration_part(name, data_dir)
 
 
-def router_base(args) -> SelectionConfig | None:
+def router_base(opts: Options) -> SelectionConfig | None:
     """--policy router searches under a router bank (`fit-router --layers inner`): its fitted state, or None."""
-    if args.policy is None or FITTED not in get_policy(args.policy).needs:
-        if args.router:
+    if opts.policy is None or FITTED not in get_policy(opts.policy).needs:
+        if opts.router:
             raise UserError("--router gives the router policy's fitted state: add --policy router")
         return None
-    if not args.router:
+    if not opts.router:
         raise UserError("--policy router searches under fitted routers: give --router BANK (a plan from "
                         "`orthorank fit-router --layers inner`) whose routers cover every candidate layer")
-    bank = Plan.load(args.router)
+    bank = Plan.load(opts.router)
     if bank.selection is None or bank.selection.fitted is None:
-        raise UserError(f"{args.router} holds no fitted router")
-    return SelectionConfig(policy=args.policy, fitted=bank.selection.fitted)
+        raise UserError(f"{opts.router} holds no fitted router")
+    return SelectionConfig(policy=opts.policy, fitted=bank.selection.fitted)

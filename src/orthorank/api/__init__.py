@@ -1,0 +1,42 @@
+"""The library behind every command: typed options (options.py) and one function per command (`run(options)` in the
+module named after it). The CLI parses a command line into options and calls the function; the study builds options
+from its budget and calls the same function (`call`)."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Callable
+
+from orthorank.api.options import Options
+from orthorank.results import record_command
+
+# command -> "module:function". Looked up by name so that a command imports only its own dependencies (zero-shot
+# needs lm-eval; bench must start on a bare GPU machine that lacks the others).
+JOBS: dict[str, str] = {
+    "ppl": "orthorank.api.ppl:run",
+    "bench": "orthorank.api.bench:run",
+    "analyze": "orthorank.api.analyze:run",
+    "selection-map": "orthorank.api.selection_map:run",
+    "calibrate": "orthorank.api.calibrate:run",
+    "fit-router": "orthorank.api.fit_router:run",
+    "compare": "orthorank.api.compare:run",
+    "zeroshot": "orthorank.api.zeroshot:run",
+    "generate": "orthorank.api.generate:run",
+    "longctx": "orthorank.api.longctx:run_suite",
+    "longbench": "orthorank.api.longctx:run_longbench",
+}
+
+
+def job(command: str, jobs: dict[str, str] = JOBS) -> Callable[[Options], int]:
+    module, name = jobs[command].split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def call(options: Options) -> int:
+    """Run one command in this process, as `orthorank <options.argv()>` would after parsing; the result files it
+    writes record that command line. Returns its exit status (0); a bad input raises UserError."""
+    previous = record_command(options.argv())
+    try:
+        return int(job(options.command)(options) or 0)
+    finally:
+        record_command(previous)
