@@ -476,7 +476,7 @@ def test_calibrate_hybrid_cli(tiny_hf_folder, tmp_path, capsys):
     assert_user_error(capsys, "belong to --method hybrid",
                       "calibrate", "--model", tiny_hf_folder, "--method", "sleb", "--sparsity", "0.2",
                       "--cost-table", costs, *o)
-    assert_user_error(capsys, "hybrid plan", "bench", "--model", tiny_hf_folder, "--methods", "dense,sleb",
+    assert_user_error(capsys, "lists no hybrid method", "bench", "--model", tiny_hf_folder, "--methods", "dense,sleb",
                       "--plan", tmp_path / "plans" / "hybrid-0.25.json")
 
 
@@ -667,3 +667,35 @@ def test_calibrate_orthorank_ratios_cli(tiny_hf_folder, tmp_path, capsys):
     assert_user_error(capsys, "not --cost-table", *args, "--sparsity", "0.2", "--cost-table", text, *o)
     assert_user_error(capsys, "needs --sparsity", *args, *o)
     assert_user_error(capsys, "out of reach", *args, "--sparsity", "0.75", "--ratios", "0.5", *o)
+
+
+def test_bench_times_a_hybrid_plan_with_per_layer_ratios(tiny_hf_folder, tmp_path):
+    """bench times a saved hybrid plan as it runs (its removals, each selection layer at its own keep ratio: the
+    model under the bench's spec gives the plan's own output) and counts its compute from the per-layer ratios."""
+    from orthorank.bench.runner import method_specs
+    from orthorank.method.cost import hybrid_compute_sparsity
+    from orthorank.models.loading import load_model
+
+    lm = load_model(str(tiny_hf_folder), device="cpu")
+    plan = Plan("hybrid", [], lm.name, lm.signature(), actions={1: 0.5, 2: "remove", 3: 0.25})
+    path = plan.save(tmp_path / "h.json")
+    spec = method_specs(["hybrid"], lm.num_layers, 0.2, SelectionConfig(), [(str(path), plan)])[0]
+    assert spec.removed == [2] and spec.layers == [1, 3] and spec.ratios() == [0.5, 0.25]
+    ids = torch.randint(0, lm.config.vocab_size, (1, 24))
+    with torch.no_grad():
+        apply_plan(lm.model, plan)
+        want = lm.model(ids).logits
+        restore_dense(lm.model)
+        spec.apply(lm.model)
+        got = lm.model(ids).logits
+        restore_dense(lm.model)
+    assert torch.equal(want, got)
+    from orthorank.cli.main import main
+
+    out = tmp_path / "bench.json"
+    assert main(["bench", "--model", str(tiny_hf_folder), "--methods", "dense,hybrid", "--plan", str(path),
+                 "--seq-len", "24", "--warmup", "0", "--repeats", "2", "--threads", "1", "--json", str(out)]) == 0
+    row = next(r for r in json.loads(out.read_text())["runs"][0]["methods"] if r["method"] == "hybrid")
+    arch = Arch.from_config(lm.config, lm.num_layers)
+    assert row["removed_layers"] == [2] and row["layers"] == [1, 3]
+    assert row["sparsity"]["compute"] == round(hybrid_compute_sparsity(arch, 24, 1, [0.5, 0.25]), 6)

@@ -4,7 +4,7 @@
 # the offline long-context suite at 20% (the winning router plan of each model against SLEB), then prefill speed of
 # Gemma's router plans at 1k and 4k (8k takes about 20 minutes more on 2 cores). Resumable: finished steps are
 # skipped. Evaluation windows are windows 33-48 of 512 tokens as in evidence.sh; no fit reads them.
-#   studies/router/extra.sh [STEP ...]    (default: study seeds transfer zeroshot longctx bench)
+#   studies/router/extra.sh [STEP ...]    (default: study seeds transfer zeroshot longctx bench; gemma-seeds when named)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 O=${O:-.venv/bin/orthorank}
@@ -33,6 +33,21 @@ if want seeds; then  # the 20% router fitted again with seeds 1 and 2 (other cal
     cp -n plans/$m/sleb-0.2.json $d/plans/
     [ -f $d/compare/compare.json ] || $O compare --model $m --methods sleb,router --sparsity 0.2 "${EVAL[@]}" \
       --batch-size 4 --plans-dir $d/plans --out $d/compare --overwrite 2> $d/compare.log
+  done
+fi
+
+if want gemma-seeds; then  # Gemma 3 270M's 20% router (on the hybrid plan's layers) fitted again with seeds 1 and 2
+  g=gemma3-270m
+  for seed in 1 2; do
+    d=studies/router/$g/seed-$seed
+    mkdir -p $d/plans
+    [ -f $d/plans/router-hybrid-0.2.json ] || { $O fit-router --model $g --plan plans/$g/hybrid-0.2.json \
+        --json $d/plans/router-hybrid-0.2.json.tmp --overwrite --seed $seed --iterations 2 --batch-size 2 \
+        --calib-samples 16 --dtype bfloat16 --threads 2 --match-compute-of plans/$g/sleb-0.2.json --cost-seq-len 512 \
+        > $d/fit.json 2> $d/fit.log && mv $d/plans/router-hybrid-0.2.json.tmp $d/plans/router-hybrid-0.2.json; }
+    cp -n plans/$g/sleb-0.2.json $d/plans/
+    [ -f $d/compare/compare.json ] || $O compare --model $g --methods sleb,router-hybrid --sparsity 0.2 "${EVAL[@]}" \
+      --batch-size 2 --plans-dir $d/plans --out $d/compare --overwrite 2> $d/compare.log
   done
 fi
 

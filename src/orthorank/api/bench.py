@@ -41,10 +41,7 @@ def _check(opts: BenchOptions) -> None:
         raise UserError(f"unknown --decode-impl {bad[0]!r}; choose from {', '.join(IMPLS)}")
     if opts.warmup < 0:
         raise UserError("--warmup must be 0 or more")
-    for m in opts.methods:
-        if get_method(m).plan_kind == "hybrid" and get_method(m).layers != "spread":
-            raise UserError("bench times dense, prune and orthorank plans, not hybrid ones; for hybrid plans use "
-                            "`bench --cost-table` (predicted) or `compare --measure-speed` (measured)")
+
 
 
 def _loadavg() -> list[float] | None:
@@ -116,10 +113,9 @@ def run(opts: BenchOptions) -> int:
         plan.check_model(lm.name, lm.signature())
         if plan.method == "dense":
             raise UserError(f"plan file {path} is a dense plan; nothing to override")
-        if plan.method == "hybrid":
-            raise UserError(f"plan file {path} is a hybrid plan; bench times dense, prune and orthorank plans "
-                            "(predict a hybrid plan's speed-up from `bench --cost-table`, or time it with "
-                            "`compare --measure-speed`)")
+        if not any(get_method(m).plan_kind == plan.method for m in opts.methods):
+            raise UserError(f"plan file {path} is a {plan.method} plan, but --methods lists no {plan.method} method "
+                            "for it to override")
     selection = selection_from_options(opts)
     def specs_at(T: int) -> list:  # spread-orthorank matches compute at the length it runs at
         specs = method_specs(opts.methods, lm.num_layers, opts.sparsity, selection, plans, model_name=lm.name,

@@ -8,6 +8,7 @@ order each round) so that drift of the machine's speed hits all of them alike.
 
 from __future__ import annotations
 
+import dataclasses
 import copy
 import gc
 import time
@@ -52,12 +53,20 @@ class MethodSpec:
     source: str = "spread"  # "spread" (evenly spread at the sparsity) or the plan file it came from
     selection: SelectionConfig | None = None
     removed: list[int] = field(default_factory=list)  # hybrid: removed layers (`layers` are its selection layers)
+    # a saved hybrid plan's own selection per layer (keep ratios may differ by layer); None: `selection` everywhere
+    per_layer: dict[int, SelectionConfig] | None = None
     decode_only: bool = False  # a variant that differs only in its decode policy: timed in decode mode only
+
+    def ratios(self) -> list[float]:
+        """The keep ratio of each selection layer."""
+        if self.per_layer is not None:
+            return [self.per_layer[i].ratio for i in self.layers]
+        return [self.selection.ratio] * len(self.layers)
 
     def effective_sparsity(self, num_layers: int) -> float:
         share = len(self.layers) / num_layers
         if self.kind == "hybrid":
-            return (len(self.removed) + len(self.layers) * (1.0 - self.selection.ratio)) / num_layers
+            return (len(self.removed) + sum(1.0 - r for r in self.ratios())) / num_layers
         return share * (1.0 - self.selection.ratio) if self.kind == "orthorank" else share
 
     @property
@@ -71,7 +80,7 @@ class MethodSpec:
         elif self.kind == "prune":
             prune_layers(model, self.layers)
         elif self.kind == "hybrid":
-            apply_hybrid(model, self.removed, {i: self.selection for i in self.layers})
+            apply_hybrid(model, self.removed, self.per_layer or {i: self.selection for i in self.layers})
         else:
             apply_orthorank(model, self.layers, self.selection)
 
@@ -100,15 +109,20 @@ def method_specs(methods: list[str], num_layers: int, sparsity: float, selection
             path = find_plan(model_name, method.plan_label, sparsity)
             plan = Plan.load(path)
             spec.layers, spec.source = list(plan.layers), str(path)
+        from_plan = bool(override) or method.layers == "plan"
+        if kind == "hybrid" and from_plan:  # a saved hybrid plan: its removals and its selection per layer
+            spec.removed, spec.per_layer = list(plan.removed_layers), dict(plan.selection_layers)
+            spec.layers = sorted(spec.per_layer)
+            spec.selection = next(iter(spec.per_layer.values()), selection)
         elif kind == "hybrid":
             spec.selection = selection
             spec.removed, spec.layers = spread_hybrid_layers(sparsity, num_layers, selection.ratio, arch,
                                                              seq_len or 2048)
-        else:
+        elif not from_plan:
             count = layers_for_sparsity(sparsity, num_layers, kind, selection.ratio, match=method.match,
                                         arch=arch, seq_len=seq_len or 2048, inner_only=False)
             spec.layers = spread_layers(count, num_layers)
-        if kind == "orthorank" and (override or method.layers == "plan"):
+        if kind == "orthorank" and from_plan:
             spec.selection = plan.selection
         if kind == "prune" and len(spec.layers) >= num_layers:
             raise UserError("layer removal at this sparsity would remove every layer")
@@ -290,6 +304,8 @@ def _method_row(model: nn.Module, m: "_Measured", st: dict[str, Any], settings: 
     compute sparsity, memory and, for decode, the bandwidth bound."""
     s = m.spec
     sel = s.selection or SelectionConfig()
+    if s.per_layer:  # costs are affine in the keep ratio, so the mean ratio gives the plan's total exactly
+        sel = dataclasses.replace(sel, ratio=sum(s.ratios()) / len(s.layers))
     # prefill: FLOPs with attention at this prompt length; decode: weights (one new token per step)
     cost = flop_layer_cost(model.config, settings.seq_len, sel.ratio) if settings.mode == "prefill" else None
     if s.kind == "hybrid":  # removed layers cost nothing; selection layers as OrthoRank's
@@ -311,7 +327,7 @@ def _method_row(model: nn.Module, m: "_Measured", st: dict[str, Any], settings: 
     speedup = dense_t / st["median_s"] if dense_t else None
     arch = Arch.from_config(model.config, num_layers)
     if s.kind == "hybrid":
-        comp = hybrid_compute_sparsity(arch, settings.seq_len, len(s.removed), [sel.ratio] * len(s.layers))
+        comp = hybrid_compute_sparsity(arch, settings.seq_len, len(s.removed), s.ratios())
     else:
         comp = compute_sparsity(arch, settings.seq_len, s.kind, len(s.layers), sel.ratio)
     row = {

@@ -49,7 +49,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="target sparsity: picks the saved plans of searched methods and the layer count of spread-* "
                         "(default %(default)s)")
     p.add_argument("--plan", action="append", default=[],
-                   help="plan file overriding the layers of its method (orthorank or prune); may repeat (default: "
+                   help="plan file overriding the layers of its method (orthorank, prune or hybrid); may repeat (default: "
                         "none, the plans --methods and --sparsity pick)")
     p.add_argument("--mode", type=lambda t: _list(str, t), default=["prefill"],
                    help="prefill, decode, layer, or a comma-separated list (default prefill)")

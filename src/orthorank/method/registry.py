@@ -52,7 +52,7 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("shortgpt", "prune", "Men et al. 2024 (Block Influence)", search="shortgpt"),
     # Hybrid: per layer remove / select at a ratio / keep, searched under a measured cost table
     # (`calibrate --method hybrid --cost-table FILE --target-speedup X`). Its saved plans hybrid-<s>.json target the
-    # predicted speed-up of removing ceil(s L) layers; `bench` does not time hybrid plans (`compare --measure-speed` does).
+    # predicted speed-up of removing ceil(s L) layers; `bench` times them (removals, a keep ratio per layer).
     Method("hybrid", "hybrid", "this project: greedy remove / select / keep per layer at a measured speed-up target",
            search="hybrid"),
     # Per-layer keep ratios: the hybrid search without removals, on the FLOP cost model, to pruning's compute at

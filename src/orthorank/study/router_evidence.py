@@ -154,7 +154,86 @@ def _fits_and_speed(folder: Path) -> str:
                 sp = speed_ratio(bench, row, "sleb")
                 cells = [(_ci(*sp[s]).replace("**", "") if s in sp else "-") for s in (1024, 4096, 8192)]
                 lines.append(f"| {level} | {row} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n" + _seeds(folder) + _transfer(folder)
+    return ("\n".join(lines) + "\n" + _hybrid_speed(folder) + _searched(folder) + _seeds(folder)
+            + _transfer(folder))
+
+
+def _hybrid_speed(folder: Path) -> str:
+    """Prefill speed of plans bench cannot time (per-layer keep ratios, removals), from `compare --measure-speed`
+    runs on one window per length (studies/router/speed-hybrid.sh): each row's median speed-up over dense and the
+    range of its per-round speed-ups, and its median against SLEB's."""
+    runs = []
+    for d in sorted(folder.glob("speed-*-*"), key=lambda d: int(d.name.rsplit("-", 1)[1])):
+        path = d / "compare.json"
+        if path.is_file():
+            runs.append(json.loads(path.read_text()))
+    if not runs:
+        return ""
+    lines = ["", "Prefill speed-up over dense of plans `bench` cannot time (per-layer keep ratios), timed by "
+             "`compare --measure-speed`: dense and every plan interleaved in each round on one window (batch 1), "
+             "the median over rounds [the range of the per-round speed-ups]; \"vs SLEB\" divides the two medians "
+             "(no interval: the rounds are summarised per row):", "",
+             "| tokens | level | row | speed-up over dense [range] | vs SLEB | timed rounds |", "|---|---|---|---|---|---|"]
+    for data in runs:
+        rows = {(r["method"], r["level"]): r for r in data["rows"]}
+        command = (data.get("environment") or {}).get("command_line") or ""
+        words = command.split()
+        rounds = words[words.index("--measure-speed") + 1] if "--measure-speed" in words[:-1] else "-"
+        for (method, level), r in rows.items():
+            m = (r.get("sparsity") or {}).get("measured_speedup")
+            if m is None or method == "dense":
+                continue
+            rng = r.get("measured_range") or [None, None]
+            sleb = (rows.get(("sleb", level), {}).get("sparsity") or {}).get("measured_speedup")
+            vs = "-" if not sleb or method == "sleb" else f"{m / sleb:.3f}"
+            cells = f"{m:.3f}" + (f" [{rng[0]:.3f}, {rng[1]:.3f}]" if rng[0] is not None else "")
+            lines.append(f"| {data['seq_len']} | {level:g} | {method} | {cells} | {vs} | {rounds} |")
+    return "\n".join(lines) + "\n"
+
+
+def _searched(folder: Path) -> str:
+    """Plans searched under the router (studies/router/searched.sh): the greedy layer search run with a router bank,
+    the router refitted on the layers found; against SLEB and against the router on OrthoRank's own layers."""
+    path = folder / "searched" / "compare" / "compare.json"
+    if not path.is_file():
+        return ""
+    data = json.loads(path.read_text())
+    worst = {(w["method"], w["level"]): w for w in data.get("worst_domain", [])}
+    per = {}
+    for c in data.get("comparisons", []):
+        if c["a"] == "router-searched" and c["b"] == "router":
+            per.setdefault(c["a_level"], {})[c["dataset"]] = c
+    skip, n = data.get("skip_windows", 0), max(data["windows"].values())
+    lines = ["", f"Plans searched under the router (windows {skip + 1}-{skip + n} of {data['seq_len']} tokens, "
+             f"{data.get('dtype', '')}): the greedy layer search with a router bank fitted on the dense model, then "
+             "the router refitted on the layers found, compute-matched to SLEB; worst-domain ratio against SLEB, and "
+             "the paired ratio against the router on OrthoRank's layers per domain [95% CI]:", "",
+             "| level | row | layers | worst domain | vs SLEB, worst domain | " + " | ".join(
+                 f"vs router, {d}" for d in data["datasets"]) + " |",
+             "|---|---|---|---|---|" + "---|" * len(data["datasets"])]
+    layers = {(r["method"], r["level"]): r.get("layers") for r in data["rows"]}
+    for level in sorted({lv for _, lv in worst}):
+        for row in ("orthorank", "router", "router-searched"):
+            w = worst.get((row, level))
+            if w is None:
+                continue
+            cells = [(_ci(per[level][d]["ratio"], *per[level][d]["ci95"]) if row == "router-searched"
+                      and d in per.get(level, {}) else "-") for d in data["datasets"]]
+            lines.append(f"| {level:g} | {row} | {layers.get((row, level))} | {w['worst_dataset']} | "
+                         f"{_ci(w['ratio'], *w['ci95'])} | " + " | ".join(cells) + " |")
+    cost = []
+    for name in ("bank", "refit-0.1", "refit-0.2"):
+        out = folder / "searched" / f"{name}.out"
+        if out.is_file() and out.read_text().strip():
+            cost.append(f"{name} {json.loads(out.read_text().strip().splitlines()[-1])['seconds']:.0f} s")
+    search = folder / "searched" / "search" / "orthorank-0.2.json"
+    if search.is_file():
+        seconds = json.loads(search.read_text())["provenance"].get("search_seconds")
+        if seconds is not None:
+            cost.append(f"search (both levels) {seconds:.0f} s")
+    if cost:
+        lines += ["", "Cost on 2 cores (shared with other work while it ran): " + ", ".join(cost) + "."]
+    return "\n".join(lines) + "\n"
 
 
 def _transfer(folder: Path) -> str:
@@ -192,25 +271,28 @@ def _transfer(folder: Path) -> str:
 
 
 def _seeds(folder: Path) -> str:
-    """The router refitted with other seeds (other calibration windows and held-out split), on the same windows."""
+    """The router refitted with other seeds (other calibration windows and held-out split), on the same windows. The
+    20% router the model's claims rest on: on OrthoRank's layers, or on the hybrid plan's where it was fitted there."""
+    hybrid = (folder / "compare-hybrid" / "compare.json").is_file()
+    method = "router-hybrid" if hybrid else "router"
+    first = folder / ("compare-hybrid" if hybrid else "compare") / "compare.json"
     runs = []
-    first = folder / "compare" / "compare.json"
     for seed, path in [(0, first)] + [(int(d.name.split("-")[1]), d / "compare" / "compare.json")
                                        for d in sorted(folder.glob("seed-*"))]:
         if not path.is_file():
             continue
         data = json.loads(path.read_text())
         for w in data.get("worst_domain", []):
-            if w["method"] == "router" and w["level"] == 0.2:
-                fit = folder / ("fit-router-0.2.json" if seed == 0 else f"seed-{seed}/fit.json")
+            if w["method"] == method and w["level"] == 0.2:
+                fit = folder / (f"fit-{method}-0.2.json" if seed == 0 else f"seed-{seed}/fit.json")
                 target = "-"
                 if fit.is_file() and fit.read_text().strip():
                     target = json.loads(fit.read_text().strip().splitlines()[-1]).get("target", "-")
                 runs.append((seed, target, w))
     if len(runs) < 2:
         return ""
-    lines = ["", "Seed spread at 20% (the fit repeated with other seeds: other calibration windows, held-out split and "
-             "sampled labels; the same evaluation windows):", "",
+    lines = ["", f"Seed spread at 20%, {method} (the fit repeated with other seeds: other calibration windows, "
+             "held-out split and sampled labels; the same evaluation windows):", "",
              "| seed | target chosen | worst domain | worst-domain ratio vs SLEB [95% CI] | verdict |", "|---|---|---|---|---|"]
     for seed, target, w in runs:
         lines.append(f"| {seed} | {target} | {w['worst_dataset']} | {_ci(w['ratio'], *w['ci95'])} | {w['verdict']} |")
