@@ -100,6 +100,52 @@ def with_policy_variants(specs: list, text: str) -> list:
     return out
 
 
+def _timed_run(opts: BenchOptions, lm, selection, specs: list, mode: str, T: int, requested: int,
+               impl: str) -> dict:
+    """One mode at one length and batch: every method timed side by side (with --fit-batch, an out-of-memory batch
+    is halved and run again); the run's record, with the machine's load before and after."""
+    seq_len = (opts.prompt_len or T) if mode == "decode" else T
+    batch = requested
+    while True:
+        settings = RunSettings(mode, batch, seq_len, opts.new_tokens, opts.warmup, opts.repeats,
+                               opts.cache, opts.seed, impl)
+        print(f"{mode}: batch {batch} x {seq_len}" + (f", {opts.new_tokens} new tokens ({impl})"
+                                                         if mode == "decode" else ""))
+        load = _loadavg()
+        try:
+            if mode == "layer":
+                record = run_layer(lm.model, selection, settings, lm.device, opts.layer_index, opts.profile)
+            else:
+                record = run_methods(lm.model, [s for s in specs if mode == "decode" or not s.decode_only],
+                                     settings, lm.device)
+        except _oom_types() as exc:
+            torch.cuda.empty_cache()
+            if not opts.fit_batch or batch == 1:
+                raise UserError(f"out of memory at batch {batch} x {seq_len}: "
+                                f"{str(exc).splitlines()[0]} (try --fit-batch or a smaller batch)") from None
+            print(f"  out of memory at batch {batch}; retrying with {batch // 2}")
+            batch //= 2
+            continue
+        break
+    if batch != requested:
+        record["note"] = f"batch {requested} ran out of memory; {batch} is the largest that fitted"
+    record["requested_batch"] = requested
+    if load is not None:  # CPU timings depend on what else runs on the machine
+        record["load_average"] = {"before": load, "after": _loadavg()}
+    return record
+
+
+def _print_profile(prof: dict) -> None:
+    for name in ("dense_layer", "selective_layer"):
+        if name in prof:
+            print(f"--- profile: {name}\n{prof[name]}")
+    for category, c in prof.get("categories", {}).items():
+        share = "-" if c["selective_over_dense"] is None else f"x{c['selective_over_dense']:.3f}"
+        print(f"  {category:24s} dense {c['dense_ms']:9.1f} ms  selective {c['selective_ms']:9.1f} ms  {share}")
+    if "error" in prof:
+        print(f"--- profile failed: {prof['error']}")
+
+
 def run(opts: BenchOptions) -> int:
     if opts.cost_table:
         return run_cost_table(opts)
@@ -165,49 +211,13 @@ def run(opts: BenchOptions) -> int:
 
     for mode, T in [(m, T) for m in opts.mode for T in opts.seq_len]:
         batches = opts.decode_batch if mode == "decode" and opts.decode_batch else opts.batch
-        seq_len = (opts.prompt_len or T) if mode == "decode" else T
         impls = opts.decode_impl if mode == "decode" else ["eager"]
         for requested, impl in [(b, i) for i in impls for b in batches]:
-            batch = requested
-            while True:
-                settings = RunSettings(mode, batch, seq_len, opts.new_tokens, opts.warmup, opts.repeats,
-                                       opts.cache, opts.seed, impl)
-                print(f"{mode}: batch {batch} x {seq_len}" + (f", {opts.new_tokens} new tokens ({impl})"
-                                                                 if mode == "decode" else ""))
-                load = _loadavg()
-                try:
-                    if mode == "layer":
-                        record = run_layer(lm.model, selection, settings, lm.device, opts.layer_index, opts.profile)
-                    else:
-                        record = run_methods(lm.model, [s for s in specs_by_len[T] if mode == "decode"
-                                                        or not s.decode_only], settings, lm.device)
-                except _oom_types() as exc:
-                    torch.cuda.empty_cache()
-                    if not opts.fit_batch or batch == 1:
-                        raise UserError(f"out of memory at batch {batch} x {seq_len}: "
-                                        f"{str(exc).splitlines()[0]} (try --fit-batch or a smaller batch)") from None
-                    print(f"  out of memory at batch {batch}; retrying with {batch // 2}")
-                    batch //= 2
-                    continue
-                break
-            if batch != requested:
-                record["note"] = f"batch {requested} ran out of memory; {batch} is the largest that fitted"
-            record["requested_batch"] = requested
-            if load is not None:  # CPU timings depend on what else runs on the machine
-                record["load_average"] = {"before": load, "after": _loadavg()}
+            record = _timed_run(opts, lm, selection, specs_by_len[T], mode, T, requested, impl)
             runs.append(record)
             print(format_run(record))
             if mode == "layer" and record.get("profile"):
-                prof = record["profile"]
-                for name in ("dense_layer", "selective_layer"):
-                    if name in prof:
-                        print(f"--- profile: {name}\n{prof[name]}")
-                for category, c in prof.get("categories", {}).items():
-                    share = "-" if c["selective_over_dense"] is None else f"x{c['selective_over_dense']:.3f}"
-                    print(f"  {category:24s} dense {c['dense_ms']:9.1f} ms  selective {c['selective_ms']:9.1f} ms  "
-                          f"{share}")
-                if "error" in prof:
-                    print(f"--- profile failed: {prof['error']}")
+                _print_profile(record["profile"])
             if opts.json_out:  # rewritten after every run: a killed run keeps what finished
                 write_json(opts.json_out, payload(False), device=lm.device, overwrite=True)
 

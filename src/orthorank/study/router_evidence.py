@@ -150,8 +150,10 @@ def _fits_and_speed(folder: Path) -> str:
         for b in benches:
             bench = json.loads(b.read_text())
             level = bench.get("sparsity")
-            for row in ("orthorank", "router"):
+            for row in ("orthorank", "router", "hybrid", "router-hybrid"):
                 sp = speed_ratio(bench, row, "sleb")
+                if not sp:
+                    continue
                 cells = [(_ci(*sp[s]).replace("**", "") if s in sp else "-") for s in (1024, 4096, 8192)]
                 lines.append(f"| {level} | {row} | " + " | ".join(cells) + " |")
     return ("\n".join(lines) + "\n" + _hybrid_speed(folder) + _searched(folder) + _seeds(folder)
