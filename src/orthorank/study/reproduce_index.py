@@ -18,6 +18,11 @@ from typing import Any
 from orthorank.results import atomic_write_text
 from orthorank.study.docs_blocks import BLOCK, pages
 
+# tables rendered from several runs by a script: what makes them (their runs' own commands are in their JSON files)
+SCRIPTS = {"studies/router/summary.md": "studies/router/evidence.sh, extra.sh, searched.sh, then python -m "
+                                        "orthorank.study.router_evidence studies/router/smollm2-135m "
+                                        "studies/router/gemma3-270m --out studies/router/summary.md"}
+
 # result JSONs a block's Markdown may sit beside, first match wins
 _SIBLINGS = ("{stem}.json", "compare.json", "longctx.json", "study.json", "summary.json", "bench.json")
 
@@ -58,7 +63,9 @@ def rows(root: Path, index: str | None = None) -> list[dict[str, Any]]:
 def render(found: list[dict[str, Any]]) -> str:
     lines = ["| page | table | command (as recorded) | seconds | threads | commit |", "|---|---|---|---|---|---|"]
     for r in found:
-        cmd = f"`{r['command']}`" if r["command"] else "not recorded (see the page's text for the script)"
+        script = SCRIPTS.get(r["table"])
+        cmd = (f"`{r['command']}`" if r["command"] else f"`{script}` (script)" if script
+               else "not recorded (see the page's text for the script)")
         secs = f"{r['seconds']:.0f}" if isinstance(r["seconds"], (int, float)) else "-"
         commit = (r["commit"] or "-")[:8] + (" (dirty tree)" if (r["commit"] or "").endswith("-dirty") else "")
         lines.append(f"| {r['page']} | `{r['table']}` | {cmd} | {secs} | {r['threads'] or '-'} | {commit} |")
