@@ -58,6 +58,27 @@ def rematch(plan: Plan, scoring: float, target: float | None = None, seq_len: in
     return dataclasses.replace(plan, actions=actions)
 
 
+def _fit_settings(opts: FitRouterOptions) -> FitSettings:
+    targets = comma_items(opts.targets)
+    if opts.layers is not None and len(targets) != 1:
+        raise UserError("--layers fits a router bank on the dense model, where every target gives the dense loss: "
+                        "choose its target with one --targets (e.g. the one fit-router chose for your plan)")
+    return FitSettings(targets=tuple(targets), alphas=tuple(number_list(opts.alphas, "--alphas")),
+                       iterations=opts.iterations, fisher_samples=opts.fisher_samples, batch_size=opts.batch_size,
+                       seed=opts.seed)
+
+
+def _paper_rule_kept(source: Plan, opts: FitRouterOptions, matched: dict | None, cost_len: int) -> Plan:
+    """The plan written when no router beat the paper's rule: the paper's rule on the same layers, its cheaper
+    scoring re-matched to the same compute."""
+    kept = dataclasses.replace(source, selection=dataclasses.replace(source.selection, policy="orthogonal",
+                                                                     fitted=None))
+    if not opts.keep_ratio and kept.arch:
+        kept = rematch(kept, get_policy("orthogonal").scoring_flops(kept.arch["hidden"]),
+                       None if matched is None else matched["compute"], cost_len)
+    return kept
+
+
 def run(opts: FitRouterOptions) -> int:
     out = Path(opts.json_out)
     if out.exists() and not opts.overwrite:
@@ -69,13 +90,7 @@ def run(opts: FitRouterOptions) -> int:
     if plan.method not in ("orthorank", "hybrid"):
         raise UserError(f"{opts.plan} is a {plan.method} plan: it selects tokens in no layer, so there is no router "
                         "to fit")
-    targets = comma_items(opts.targets)
-    alphas = tuple(number_list(opts.alphas, "--alphas"))
-    settings = FitSettings(targets=tuple(targets), alphas=alphas, iterations=opts.iterations,
-                           fisher_samples=opts.fisher_samples, batch_size=opts.batch_size, seed=opts.seed)
-    if opts.layers is not None and len(targets) != 1:
-        raise UserError("--layers fits a router bank on the dense model, where every target gives the dense loss: "
-                        "choose its target with one --targets (e.g. the one fit-router chose for your plan)")
+    settings = _fit_settings(opts)
     check_calibration_source(opts.calib_data, opts.data_dir)
     other = Plan.load(opts.match_compute_of) if opts.match_compute_of else None  # read before the model loads
     if opts.layers is not None:
@@ -123,16 +138,10 @@ def run(opts: FitRouterOptions) -> int:
     # a router that does not beat the paper's rule where it was chosen is not handed out by default: the plan keeps
     # the paper's rule (its cheaper scoring re-matched to the same compute), and says so
     keep_paper = (nll["router"] >= nll["orthogonal"] and not opts.always_route and opts.layers is None)
-    if keep_paper:
-        kept = dataclasses.replace(source, selection=dataclasses.replace(source.selection, policy="orthogonal",
-                                                                         fitted=None))
-        if not opts.keep_ratio and kept.arch:
-            kept = rematch(kept, get_policy("orthogonal").scoring_flops(kept.arch["hidden"]),
-                           None if matched is None else matched["compute"], cost_len)
-        selection = kept.selection
-    else:
-        kept = base
-        selection = dataclasses.replace(base.selection, policy="router", fitted=result.state)
+    kept = (_paper_rule_kept(source, opts, matched, cost_len) if keep_paper
+            else dataclasses.replace(base, selection=dataclasses.replace(base.selection, policy="router",
+                                                                         fitted=result.state)))
+    selection = kept.selection
     routed = dataclasses.replace(
         kept, selection=selection,
         provenance={**{k: v for k, v in plan.provenance.items() if k != "measured"},
@@ -145,12 +154,17 @@ def run(opts: FitRouterOptions) -> int:
         routed.provenance["search"] = f"{plan.provenance['search']}+router"
     out.parent.mkdir(parents=True, exist_ok=True)
     routed.save(out, overwrite=opts.overwrite)
-    chosen = result.report.get("chosen") or {}
+    _tell(out, result.report, routed, seconds, say)
+    return 0
+
+
+def _tell(out: Path, report: dict, routed: Plan, seconds: float, say) -> None:
+    """What was fitted and kept: a line on stderr, and the summary as one JSON line on stdout."""
+    chosen, nll = report.get("chosen") or {}, report["held_out_nll"]
     say(f"chose target {chosen.get('target')} (pass {chosen.get('pass')}): held-out calibration NLL "
         f"{nll['router']:.4f} against the paper's rule's {nll['orthogonal']:.4f}; fitted in {seconds:.0f} s")
-    if keep_paper:
+    if routed.selection.policy != "router":
         say(f"no router beat the paper's rule on the held-out calibration windows: {out} keeps the paper's rule "
             f"(keep ratio {routed.selection.ratio:g}); pass --always-route to write the router anyway")
     print(json.dumps({"plan": str(out), "target": chosen.get("target"), "held_out_nll": nll,
                       "kept": routed.selection.policy, "ratio": routed.selection.ratio, "seconds": round(seconds, 1)}))
-    return 0
