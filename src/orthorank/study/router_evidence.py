@@ -235,6 +235,18 @@ def _searched(folder: Path) -> str:
             cost.append(f"search (both levels) {seconds:.0f} s")
     if cost:
         lines += ["", "Cost on 2 cores (shared with other work while it ran): " + ", ".join(cost) + "."]
+    benches = sorted((folder / "searched").glob("bench-*.json"))
+    if benches:
+        lines += ["", "Their prefill throughput against SLEB's, measured side by side (batch 1, interleaved repeats; "
+                  "median of paired ratios, bootstrap 95% CI; above 1 = faster than SLEB):", "",
+                  "| level | row | 1024 tokens | 4096 tokens |", "|---|---|---|---|"]
+        for b in benches:
+            bench = json.loads(b.read_text())
+            for row in ("orthorank", "router", "router-searched"):
+                sp = speed_ratio(bench, row, "sleb")
+                if sp:
+                    cells = [(_ci(*sp[n]).replace("**", "") if n in sp else "-") for n in (1024, 4096)]
+                    lines.append(f"| {bench.get('sparsity')} | {row} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
