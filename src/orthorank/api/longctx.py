@@ -22,7 +22,7 @@ from orthorank.api.common import (
     store_from_options,
     variants_without_decode,
 )
-from orthorank.api.options import LongbenchOptions, LongctxOptions
+from orthorank.api.options import LongbenchOptions, LongctxOptions, LongInputOptions
 from orthorank.errors import UserError
 from orthorank.evaluation.compare import policy_plans
 from orthorank.evaluation.data import find_data_dir
@@ -45,11 +45,11 @@ from orthorank.results import atomic_save_figure, atomic_write_text, check_writa
 from orthorank.store import digest, model_fingerprint
 
 
-def _plan_path(opts: LongctxOptions | LongbenchOptions, model_name: str, label: str, check: bool = True) -> Path:
+def _plan_path(opts: LongInputOptions, model_name: str, label: str, check: bool = True) -> Path:
     return saved_plan_file(model_name, label, opts.sparsity, opts.plans_dir, check=check)
 
 
-def _rows(opts: LongctxOptions | LongbenchOptions, lm) -> list[Row]:
+def _rows(opts: LongInputOptions, lm) -> list[Row]:
     policies = _variants(opts)
     methods = [m.strip() for m in opts.methods.split(",") if m.strip()]
     decodes = _decodes(opts)
@@ -74,7 +74,7 @@ def _rows(opts: LongctxOptions | LongbenchOptions, lm) -> list[Row]:
     return rows
 
 
-def _check_saved_plans(opts: LongctxOptions | LongbenchOptions) -> None:
+def _check_saved_plans(opts: LongInputOptions) -> None:
     """Missing plans and bad --policies or --decode-modes fail before the model loads."""
     for name in (m.strip() for m in opts.methods.split(",") if m.strip()):
         method = get_method(name, ["dense", *saved()])
@@ -84,7 +84,7 @@ def _check_saved_plans(opts: LongctxOptions | LongbenchOptions) -> None:
     _decodes(opts)
 
 
-def _decodes(opts: LongctxOptions | LongbenchOptions) -> list[str]:
+def _decodes(opts: LongInputOptions) -> list[str]:
     decodes = [d.strip() for d in opts.decode_modes.split(",") if d.strip()]
     bad = [d for d in decodes if d not in DECODE_MODES]
     if bad or not decodes:
@@ -93,14 +93,14 @@ def _decodes(opts: LongctxOptions | LongbenchOptions) -> list[str]:
     return decodes
 
 
-def _variants(opts: LongctxOptions | LongbenchOptions) -> list[str]:
+def _variants(opts: LongInputOptions) -> list[str]:
     if not opts.policies:
         return []
     return variants_without_decode(opts.policies, f"orthorank {opts.command}",
                                    "decodes every OrthoRank row under each policy of --decode-modes")
 
 
-def _evaluate(opts: LongctxOptions | LongbenchOptions, lm, rows: list[Row], parts: list[tuple[str, list[Item], dict]], suite: str) -> dict[str, dict]:
+def _evaluate(opts: LongInputOptions, lm, rows: list[Row], parts: list[tuple[str, list[Item], dict]], suite: str) -> dict[str, dict]:
     """Every row on every part (a length of the suite, a LongBench task), parts outermost so that a run stopped
     early has whole tables for the parts it finished. Each (row, part) is its own store namespace: a later run
     with more lengths or tasks reuses what earlier runs computed."""
@@ -121,7 +121,7 @@ def _evaluate(opts: LongctxOptions | LongbenchOptions, lm, rows: list[Row], part
     return results
 
 
-def _check_memory(opts: LongctxOptions | LongbenchOptions, lm, parts) -> None:
+def _check_memory(opts: LongInputOptions, lm, parts) -> None:
     """The longest prompt with the most new tokens, at the batch asked, must fit (runtime/memory.py)."""
     items = [it for _, its, _ in parts for it in its]
     if items:
@@ -189,7 +189,7 @@ def _tables(rows: list[Row], results: dict[str, dict], group_of, groups: list[st
     return "\n".join(lines), summary
 
 
-def _finish(opts: LongctxOptions | LongbenchOptions, lm, rows, results, tables: list[str], summaries: dict, command: str, extra: dict) -> None:
+def _finish(opts: LongInputOptions, lm, rows, results, tables: list[str], summaries: dict, command: str, extra: dict) -> None:
     if not dist.is_main():
         return
     text = "\n\n".join(tables)

@@ -288,10 +288,9 @@ class GenerateOptions(ModelOptions, SelectionOptions):
 
 
 @dataclass(kw_only=True)
-class LongctxOptions(ModelOptions, StoreOptions):
-    """`orthorank longctx`."""
+class LongInputOptions(ModelOptions, StoreOptions):
+    """What `longctx` and `longbench` share (the CLI's longctx._add_common)."""
 
-    command: ClassVar[str] = "longctx"
     methods: str = field(default='dense,sleb,orthorank', metadata={"flag": "--methods", "kind": "value"})
     sparsity: float = field(default=0.2, metadata={"flag": "--sparsity", "kind": "value"})
     decode_modes: str = field(default='dense,threshold', metadata={"flag": "--decode-modes", "kind": "value"})
@@ -301,25 +300,23 @@ class LongctxOptions(ModelOptions, StoreOptions):
     data_dir: str | None = field(default=None, metadata={"flag": "--data-dir", "kind": "value"})
     out: str = field(metadata={"flag": "--out", "kind": "value"})
     overwrite: bool = field(default=False, metadata={"flag": "--overwrite", "kind": "switch"})
+
+
+@dataclass(kw_only=True)
+class LongctxOptions(LongInputOptions):
+    """`orthorank longctx`."""
+
+    command: ClassVar[str] = "longctx"
     tasks: str = field(default='niah_single,niah_multikey,niah_multivalue,variable_tracking,common_words', metadata={"flag": "--tasks", "kind": "value"})
     lengths: str = field(default='1k,2k,4k', metadata={"flag": "--lengths", "kind": "value"})
     samples: int = field(default=50, metadata={"flag": "--samples", "kind": "value"})
 
 
 @dataclass(kw_only=True)
-class LongbenchOptions(ModelOptions, StoreOptions):
+class LongbenchOptions(LongInputOptions):
     """`orthorank longbench`."""
 
     command: ClassVar[str] = "longbench"
-    methods: str = field(default='dense,sleb,orthorank', metadata={"flag": "--methods", "kind": "value"})
-    sparsity: float = field(default=0.2, metadata={"flag": "--sparsity", "kind": "value"})
-    decode_modes: str = field(default='dense,threshold', metadata={"flag": "--decode-modes", "kind": "value"})
-    policies: str | None = field(default=None, metadata={"flag": "--policies", "kind": "value"})
-    plans_dir: str | None = field(default=None, metadata={"flag": "--plans-dir", "kind": "value"})
-    batch_size: int = field(default=1, metadata={"flag": "--batch-size", "kind": "value"})
-    data_dir: str | None = field(default=None, metadata={"flag": "--data-dir", "kind": "value"})
-    out: str = field(metadata={"flag": "--out", "kind": "value"})
-    overwrite: bool = field(default=False, metadata={"flag": "--overwrite", "kind": "switch"})
     tasks: str | None = field(default=None, metadata={"flag": "--tasks", "kind": "value"})
     limit: int | None = field(default=None, metadata={"flag": "--limit", "kind": "value"})
     max_length: int | None = field(default=None, metadata={"flag": "--max-length", "kind": "value"})
