@@ -24,6 +24,7 @@ JOBS: dict[str, str] = {
     "generate": "orthorank.api.generate:run",
     "longctx": "orthorank.api.longctx:run_suite",
     "longbench": "orthorank.api.longctx:run_longbench",
+    "frontier": "orthorank.api.frontier:run",
 }
 
 

@@ -313,6 +313,26 @@ class LongctxOptions(LongInputOptions):
 
 
 @dataclass(kw_only=True)
+class FrontierOptions(ModelOptions, StoreOptions):
+    """`orthorank frontier`."""
+
+    command: ClassVar[str] = "frontier"
+    methods: str = field(default='dense,sleb,shortgpt,orthorank,depth,progressive', metadata={"flag": "--methods", "kind": "value"})
+    levels: str = field(default='0.05,0.1,0.15,0.2', metadata={"flag": "--levels", "kind": "value"})
+    policies: str | None = field(default=None, metadata={"flag": "--policies", "kind": "value"})
+    schedule_start: float | None = field(default=None, metadata={"flag": "--schedule-start", "kind": "value"})
+    lengths: str = field(default='4k,8k', metadata={"flag": "--lengths", "kind": "value"})
+    tasks: str = field(default='niah_single,niah_multikey', metadata={"flag": "--tasks", "kind": "value"})
+    samples: int = field(default=10, metadata={"flag": "--samples", "kind": "value"})
+    repeats: int = field(default=5, metadata={"flag": "--repeats", "kind": "value"})
+    plans_dir: str | None = field(default=None, metadata={"flag": "--plans-dir", "kind": "value"})
+    batch_size: int = field(default=1, metadata={"flag": "--batch-size", "kind": "value"})
+    data_dir: str | None = field(default=None, metadata={"flag": "--data-dir", "kind": "value"})
+    out: str = field(metadata={"flag": "--out", "kind": "value"})
+    overwrite: bool = field(default=False, metadata={"flag": "--overwrite", "kind": "switch"})
+
+
+@dataclass(kw_only=True)
 class LongbenchOptions(LongInputOptions):
     """`orthorank longbench`."""
 
@@ -339,4 +359,4 @@ class StudyOptions(ModelOptions):
 
 BY_COMMAND: dict[str, type[Options]] = {c.command: c for c in (
     PplOptions, BenchOptions, AnalyzeOptions, SelectionMapOptions, CalibrateOptions, FitRouterOptions, CompareOptions,
-    ZeroshotOptions, GenerateOptions, LongctxOptions, LongbenchOptions, StudyOptions)}
+    ZeroshotOptions, GenerateOptions, LongctxOptions, LongbenchOptions, FrontierOptions, StudyOptions)}

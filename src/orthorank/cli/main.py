@@ -27,6 +27,7 @@ COMMAND_MODULES = [
     "orthorank.cli.zeroshot",
     "orthorank.cli.generate",
     "orthorank.cli.longctx",
+    "orthorank.cli.frontier",
     "orthorank.cli.study",
 ]
 COMMANDS = {**JOBS, "study": "orthorank.study.runner:run"}

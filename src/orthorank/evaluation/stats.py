@@ -122,6 +122,18 @@ def paired_difference(a, b, *, iters: int = DEFAULT_ITERS, seed: int = 0, level:
     return _interval(float(d.mean()), d[idx].mean(1), level, d.size)
 
 
+def paired_time_ratio(times_ref, times_row, *, iters: int = DEFAULT_ITERS, seed: int = 0,
+                      level: float = DEFAULT_LEVEL) -> Interval:
+    """Speed-up of a row over a reference timed in the same interleaved rounds: the median over rounds of
+    reference time / row time, with a bootstrap interval over rounds (above 1: the row is faster)."""
+    a = np.asarray(times_ref, dtype=np.float64)
+    b = np.asarray(times_row, dtype=np.float64)
+    k = min(a.size, b.size)
+    ratio = a[:k] / b[:k]
+    idx = resample_indices(k, iters, seed)
+    return _interval(float(np.median(ratio)), np.median(ratio[idx], axis=1), level, k)
+
+
 def worst_ratio(pairs: list[tuple], *, iters: int = DEFAULT_ITERS, seed: int = 0,
                 level: float = DEFAULT_LEVEL) -> tuple[Interval, int]:
     """The largest of several paired perplexity ratios ppl(a) / ppl(b), one per domain, and which domain it is.

@@ -36,13 +36,17 @@ class LayerFlops:
         return self.every_token + self.per_updated_token
 
 
+def attention_core_flops(arch: Arch, keys: float) -> float:
+    """QK^T, AV and the softmax of one query over `keys` keys."""
+    return 2 * 2 * arch.heads * arch.head_dim * keys + 5 * arch.heads * keys
+
+
 def layer_flops(arch: Arch, seq_len: int) -> LayerFlops:
     d, hd = arch.hidden, arch.head_dim
     q_out, kv_out = arch.heads * hd, arch.kv_heads * hd
     norm = 4 * d  # square, mean, rsqrt-scale, weight
     every = norm + 2 * (2 * d * kv_out) + 3 * kv_out  # K and V projections, RoPE on K
-    keys = (seq_len + 1) / 2  # mean keys a causal query sees
-    attention = 2 * 2 * q_out * keys + 5 * arch.heads * keys  # QK^T and AV, softmax
+    attention = attention_core_flops(arch, (seq_len + 1) / 2)  # mean keys a causal query sees
     mlp = 2 * 3 * d * arch.ffn + 5 * arch.ffn  # gate, up, down; SiLU and product
     updated = 2 * d * q_out + 3 * q_out + attention + 2 * q_out * d + d + norm + mlp + d
     return LayerFlops(float(every), float(updated))
@@ -57,12 +61,27 @@ def kept_fraction(seq_len: int, ratio: float) -> float:
     return keep_count(seq_len, ratio) / seq_len
 
 
-def selection_layer_flops(arch: Arch, seq_len: int, ratio: float, scoring: float | None = None) -> float:
+def selection_layer_flops(arch: Arch, seq_len: int, ratio: float, scoring: float | None = None,
+                          pruned_keys: bool = False) -> float:
     """A selection layer's FLOPs per token. scoring: what choosing costs per token (the policy's
-    `scoring_flops`; default the paper's sink dot product, 2D)."""
+    `scoring_flops`; default the paper's sink dot product, 2D). pruned_keys: progressive pruning, whose kept queries
+    attend the kept keys only ((K + 1) / 2 keys on average rather than (T + 1) / 2); the others' keys and values
+    are still computed (for the KV cache)."""
     f = layer_flops(arch, seq_len)
     scoring = 2 * arch.hidden if scoring is None else scoring
-    return f.every_token + scoring + kept_fraction(seq_len, ratio) * f.per_updated_token
+    per_updated = f.per_updated_token
+    if pruned_keys:
+        kept = keep_count(seq_len, ratio)
+        per_updated -= attention_core_flops(arch, (seq_len + 1) / 2) - attention_core_flops(arch, (kept + 1) / 2)
+    return f.every_token + scoring + kept_fraction(seq_len, ratio) * per_updated
+
+
+def attention_scoring_flops(arch: Arch, seq_len: int, window: int) -> float:
+    """Per token, what the attention policies spend choosing: the last `window` queries (projection and RoPE,
+    amortised over the chunk) and their logits and softmax over every key."""
+    window = min(window, seq_len)
+    q_out = arch.heads * arch.head_dim
+    return window * (2 * q_out + 5 * arch.heads) + window * (2 * arch.hidden * q_out + 3 * q_out) / seq_len
 
 
 def model_flops(arch: Arch, seq_len: int, removed: int = 0, selection_layers: int = 0, ratio: float = 1.0,
@@ -112,14 +131,15 @@ def selection_layers_to_match(arch: Arch, seq_len: int, target: float, ratio: fl
 
 
 def hybrid_compute_sparsity(arch: Arch, seq_len: int, removed: int, ratios: list[float],
-                            scoring: float | None = None) -> float:
+                            scoring: float | None = None, pruned_keys: bool = False) -> float:
     """Share of the dense model's per-token FLOPs a hybrid plan skips: `removed` layers removed and one selection
     layer per entry of `ratios`, each at its own ratio."""
     if removed == 0 and not ratios:
         return 0.0
     dense_layer = layer_flops(arch, seq_len).dense
     plain = arch.num_layers - removed - len(ratios)
-    flops = (plain * dense_layer + sum(selection_layer_flops(arch, seq_len, r, scoring) for r in ratios)
+    flops = (plain * dense_layer
+             + sum(selection_layer_flops(arch, seq_len, r, scoring, pruned_keys) for r in ratios)
              + head_flops(arch))
     return 1.0 - flops / model_flops(arch, seq_len)
 

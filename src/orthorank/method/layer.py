@@ -85,6 +85,9 @@ class SequenceContext:
         # (context, decoder kwargs) and may fill `given`, layer index -> [B, T], for the layers' policies.
         self.before_forward: list[Callable[["SequenceContext", dict], None]] = []
         self.given: dict[int, torch.Tensor] = {}
+        # Progressive pruning: [B, T] bool, the tokens the latest progressive selection layer of this forward kept
+        # (the others stay out of every later one); None before the first.
+        self.alive: torch.Tensor | None = None
 
     def capture(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         mask = kwargs.get("attention_mask", args[1] if len(args) > 1 else None)
@@ -96,6 +99,7 @@ class SequenceContext:
         ids = kwargs.get("input_ids", args[0] if args else None)
         self.input_ids = ids if isinstance(ids, torch.Tensor) and ids.dim() == 2 else None
         self.decoder = module
+        self.alive = None
         self.record_states = bool(kwargs.get("output_hidden_states") or getattr(config, "output_hidden_states", False))
         self._facts = None
         self._row_hashes = None
@@ -293,6 +297,9 @@ class SelectiveLayer:
         keys = rule.keys(inputs)
         if rule.finite_keys:
             check_finite(keys if facts.valid is None else keys.masked_fill(~facts.valid, 0.0), self.layer_index)
+        alive = self._context.alive if cfg.progressive and past == 0 else None
+        if alive is not None and alive.shape == keys.shape:  # pruned by an earlier layer: out for good
+            keys = keys.float().masked_fill(~alive, float("inf"))
         always = always_update(facts.valid, B, T, cfg.keep_recent, cfg.keep_first, past, keys.device)
         if always is not None:
             keys = torch.where(always, torch.full_like(keys, float("-inf"), dtype=torch.float32), keys.float())
@@ -402,6 +409,8 @@ class SelectiveLayer:
             return self.inner(hidden_states, *args, **kwargs)
         idx, real = sel
         self._last = (idx, real, T)
+        if cfg.progressive and past == 0:
+            self._context.alive = self.last_keep
         if idx.shape[1] == 0:  # threshold decode kept no token: write its keys/values, leave its state as it is
             return self._bypass(hidden_states, x, kwargs, cache)
 
@@ -544,7 +553,7 @@ class SelectiveLayer:
         (the chunk's keys, and the cached ones where a cache holds them)."""
         attn, adapter = self.layer.self_attn, self.adapter
         T = x.shape[1]
-        W = min(ATTENTION_WINDOW, T)
+        W = min(self.config.attention_window or ATTENTION_WINDOW, T)
         cos, sin = pos_emb
         q = adapter.rope(attn, adapter.queries(attn, x[:, T - W:]), cos[:, T - W:], sin[:, T - W:])
         k, _ = self._keys_values(x, pos_emb)  # [B, Hkv, T, d]
@@ -644,6 +653,8 @@ class SelectiveLayer:
                 m = call.mask4d.expand(B, -1, -1, -1)
                 mask = m.gather(2, call.idx[:, None, :, None].expand(B, m.shape[1], call.idx.shape[1], m.shape[3]))
                 mask = mask[..., :S]
+            if self._gathers_keys(call, mask, S):
+                return attn.o_proj(self._pruned_attention(q, call, k, v)), None
             key_valid = self._key_valid(call, B, T, S, k_offset, mask is not None)
             q_pos, idx = call.q_pos, call.idx
             if call.rows is not None:  # batch-compacted decode step: the kept rows' keys, values and masks
@@ -665,6 +676,30 @@ class SelectiveLayer:
             return out, w
 
         return forward
+
+    def _gathers_keys(self, call: _RowCall, mask: torch.Tensor | None, S: int) -> bool:
+        """Whether progressive pruning's prefill takes the gathered path: the kept keys only, in full-attention
+        layers of unpadded whole sequences (elsewhere the pruned keys are masked instead: the same result, no saving),
+        and not under eager attention, whose weights a caller may read."""
+        return (self.config.progressive and call.key_keep is not None and call.past == 0 and not call.padded
+                and mask is None and call.rows is None and self._window is None and S == call.x.shape[1]
+                and self.backend != "eager")
+
+    def _pruned_attention(self, q: torch.Tensor, call: _RowCall, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """The kept queries [B, K, H, d] against the kept keys only (and the sink's where it stays visible), gathered:
+        the attention core costs K x K per head instead of K x T. Causality holds in the kept tokens' own order, so
+        each query's position becomes its place among the kept keys (positions already sit in RoPE)."""
+        attn = self.layer.self_attn
+        kidx, _ = keep_to_indices(call.key_keep)  # [B, S'] every row keeps as many: no padding
+        B, Hkv, _, d = k.shape
+        gather = kidx[:, None, :, None].expand(B, Hkv, kidx.shape[1], d)
+        k_sel = k.gather(2, gather)
+        v_sel = v.gather(2, kidx[:, None, :, None].expand(B, Hkv, kidx.shape[1], v.shape[-1]))
+        q_place = torch.searchsorted(kidx, call.q_pos, right=True) - 1  # every query is itself a kept key
+        o, _ = selective_attention(q, q_place, k_sel, v_sel, scale=attn.scaling, softcap=self._softcap,
+                                   backend=self.backend, attn_module=attn, max_chunks=self.max_attention_chunks,
+                                   min_chunk_keys=self.min_chunk_keys)
+        return o
 
     def _key_valid(self, call: _RowCall, B: int, T: int, S: int, k_offset: int, have_mask: bool):
         """[B, S] bool or None: keys that may be attended apart from causality and the window."""

@@ -12,8 +12,9 @@ from typing import Any
 
 from orthorank.errors import UserError
 from orthorank.method.cost import (
-    Arch, compute_sparsity, hybrid_compute_sparsity, nominal_sparsity, selection_layers_to_match,
+    Arch, attention_scoring_flops, compute_sparsity, hybrid_compute_sparsity, nominal_sparsity, selection_layers_to_match,
 )
+from orthorank.method.policies import ATTENTION, ATTENTION_WINDOW
 from orthorank.method.selection import SelectionConfig
 from orthorank.results import atomic_write_text
 
@@ -59,6 +60,14 @@ def layers_for_sparsity(sparsity: float, num_layers: int, method: str, ratio: fl
                         f"compute, more than the {room} {'inner ' if inner_only else ''}layers; lower the sparsity "
                         "or the ratio")
     return n
+
+
+def selection_scoring_flops(selection: SelectionConfig, arch: Arch, seq_len: int) -> float:
+    """What a selection layer spends choosing, per token (the cost model's scoring term): the attention policies'
+    observation window, the router's features and score, or the sink dot product."""
+    if ATTENTION in selection.rule.needs:
+        return attention_scoring_flops(arch, seq_len, selection.attention_window or ATTENTION_WINDOW)
+    return selection.rule.scoring_flops(arch.hidden)
 
 
 def check_sparsity(sparsity: float) -> None:
@@ -108,6 +117,11 @@ class Plan:
             self.selection = SelectionConfig()
         if self.method == "hybrid" and n is not None and len(self.removed_layers) >= n:
             raise UserError("a plan cannot remove every layer")
+        if self.selection is not None and self.selection.progressive:
+            ratios = [c.ratio for c in self.selection_layers.values()]
+            if any(b > a for a, b in zip(ratios, ratios[1:])):
+                raise UserError("a progressive plan keeps no more tokens in a layer than in the one before: its "
+                                f"ratios {[round(r, 4) for r in ratios]} rise with depth")
 
     # -- hybrid plans: removed layers and selection layers with their own ratios ---------------------------------
 
@@ -157,11 +171,12 @@ class Plan:
         dense_choice = self.selection is not None and not self.selection.rule.speedup
         if dense_choice and self.method == "orthorank":
             return 0.0  # a policy that runs its layers densely to choose skips nothing there
-        scoring = self.selection.rule.scoring_flops(arch.hidden) if self.selection is not None else None
-        if self.method == "hybrid":  # its removed layers still skip everything
+        scoring = selection_scoring_flops(self.selection, arch, seq_len) if self.selection is not None else None
+        pruned_keys = self.selection is not None and self.selection.progressive and not self.selection.bypass_kv
+        if self.method == "hybrid" or pruned_keys:  # removed layers still skip everything
             return hybrid_compute_sparsity(arch, seq_len, len(self.removed_layers),
                                            [1.0 if dense_choice else c.ratio for c in self.selection_layers.values()],
-                                           scoring=scoring)
+                                           scoring=scoring, pruned_keys=pruned_keys)
         return compute_sparsity(arch, seq_len, self.method, len(self.layers), self.ratio, scoring=scoring)
 
     def sparsity(self, arch: Arch | None = None, seq_len: int = DEFAULT_COST_SEQ_LEN,

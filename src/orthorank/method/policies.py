@@ -183,13 +183,14 @@ def always_update(valid: torch.Tensor | None, B: int, T: int, keep_recent: int, 
     return out
 
 
-_MODIFIERS = {"recent": "keep_recent", "first": "keep_first", "decode": "decode"}
-_VARIANT_FORM = "NAME[+recent=W][+first=W][+decode=dense|threshold]"
+_MODIFIERS = {"recent": "keep_recent", "first": "keep_first", "window": "attention_window", "decode": "decode"}
+_VARIANT_FORM = "NAME[+recent=W][+first=W][+window=W][+decode=dense|threshold]"
 
 
 def parse_variant(spec: str) -> dict[str, object]:
-    """A policy variant, NAME[+recent=W][+first=W][+decode=MODE] (e.g. "orthogonal+recent=64", or "+decode=threshold"
-    for the plan's own policy with the threshold decode policy), as SelectionConfig changes."""
+    """A policy variant, NAME[+recent=W][+first=W][+window=W][+decode=MODE] (e.g. "orthogonal+recent=64",
+    "attention+window=64" for the attention of the prompt's last 64 tokens, or "+decode=threshold" for the plan's own
+    policy with the threshold decode policy), as SelectionConfig changes."""
     name, *mods = spec.strip().split("+")
     change: dict[str, object] = {}
     if name:

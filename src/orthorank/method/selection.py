@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from orthorank.errors import UserError
-from orthorank.method.policies import DECODE_MODES, FITTED, POLICIES, Policy, get_policy
+from orthorank.method.policies import ATTENTION, DECODE_MODES, FITTED, POLICIES, Policy, get_policy
 from orthorank.method.router import RouterState
 
 CRITERIA = ("dot", "cos")  # |<x_sink, x_i>| (paper) or |cos(x_sink, x_i)|
@@ -41,6 +41,14 @@ class SelectionConfig:
     # long prompt. 0 = off (and then left out of to_dict, so plans and stored results from before stay valid).
     keep_recent: int = 0
     keep_first: int = 0
+    # The attention policies' observation window: the last W queries of the chunk whose attention ranks the tokens
+    # (0 = policies.ATTENTION_WINDOW; 1 = the last token alone, as LazyLLM scores; a question's length = SnapKV's
+    # observation window).
+    attention_window: int = 0
+    # Progressive pruning (LazyLLM-style, method/progressive.py): a token one selection layer leaves out is left
+    # out of every later selection layer of the forward as well, and (with bypass_kv=False) offers no keys there
+    # either; its keys and values still reach the KV cache, so decoding can revive it. Needs non-increasing ratios.
+    progressive: bool = False
     # A fitted policy's parameters (the router's, method/router.py): saved inside the plan, None for rules.
     fitted: RouterState | None = None
 
@@ -53,7 +61,14 @@ class SelectionConfig:
         if FITTED in rule.needs and self.fitted is None:
             raise UserError(f"the {self.policy} policy needs fitted parameters, and this plan has none: fit them "
                             "for the plan's layers with `orthorank fit-router --plan PLAN`")
-        for name, value in (("keep_recent", self.keep_recent), ("keep_first", self.keep_first)):
+        if self.attention_window and ATTENTION not in rule.needs:
+            raise UserError(f"an attention window belongs to a policy that ranks by attention (attention), not to "
+                            f"{self.policy}")
+        if self.progressive and self.decode != "dense":
+            raise UserError("progressive pruning decodes densely (pruned tokens are revived from the KV cache); "
+                            "it has no threshold decode")
+        for name, value in (("keep_recent", self.keep_recent), ("keep_first", self.keep_first),
+                            ("attention_window", self.attention_window)):
             if not isinstance(value, int) or value < 0:
                 raise UserError(f"{name} must be a whole number of tokens >= 0, got {value!r}")
         for name, value, allowed in (
@@ -71,7 +86,7 @@ class SelectionConfig:
 
     def to_dict(self) -> dict:
         out = {f: getattr(self, f) for f in self.__dataclass_fields__ if f != "fitted"}
-        for name in ("keep_recent", "keep_first"):
+        for name in ("keep_recent", "keep_first", "attention_window", "progressive"):
             if not out[name]:
                 del out[name]
         if self.fitted is not None:

@@ -1,0 +1,253 @@
+"""`orthorank frontier`: at each prompt length, how much faster prefill gets per method before long-context answers
+get worse (evaluation/frontier.py).
+
+    orthorank frontier --methods dense,sleb,shortgpt,orthorank,depth,progressive --levels 0.05,0.1,0.15,0.2 \\
+        --lengths 4k,8k --samples 10 --repeats 5 --out DIR
+
+Each method runs at several levels, each level a plan skipping about the compute of removing ceil(s L) layers at
+that length: pruning methods and OrthoRank take the first layers of their saved searches' order (greedy searches
+are sequential, so a shorter prefix is what the search would have chosen at a lower level); the schedules
+(method/schedules.py: depth, progressive) are built for that compute. `--policies` adds rows with other selection
+policies on the OrthoRank and depth plans. Every row is scored on the offline suite's needle tasks (paired with
+dense, same items, through the result store: runs resume) and timed against dense in interleaved rounds of time to
+first token (batch 1, one prompt of that length, the LM head on the last position only).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from orthorank.api.common import expected_model_name, load_model_from_options, saved_plan_file, store_from_options
+from orthorank.api.options import FrontierOptions
+from orthorank.errors import UserError, comma_items
+from orthorank.evaluation import frontier
+from orthorank.evaluation.compare import policy_plans
+from orthorank.evaluation.longctx import Item, Row, longctx_key, run_row, summarize
+from orthorank.evaluation.longctx_suite import SuiteBuilder, load_pools, parse_lengths, parse_tasks, score
+from orthorank.evaluation.stats import paired_time_ratio
+from orthorank.method.apply import apply_plan, restore_dense
+from orthorank.method.cost import Arch, compute_sparsity
+from orthorank.method.plan import Plan, layers_for_sparsity, selection_scoring_flops
+from orthorank.method.policies import parse_variants
+from orthorank.method.registry import get_method, saved
+from orthorank.method.schedules import SCHEDULES, schedule_plan
+from orthorank.models.last_token import LastTokenForward
+from orthorank.models.loading import check_context, input_device
+from orthorank.results import atomic_write_text, check_writable, write_json
+from orthorank.runtime.timing import interleaved_rounds, time_call
+from orthorank.store import digest, model_fingerprint
+
+PREFIX_KINDS = ("prune", "orthorank")  # saved plans whose search order gives lower levels as prefixes
+SAVED_LEVELS = (0.2, 0.1)  # the saved plan whose order is read: the highest level there is
+
+
+def _methods(opts: FrontierOptions) -> list[str]:
+    methods = comma_items(opts.methods)
+    if not methods:
+        raise UserError("--methods names no method")
+    for m in methods:
+        if m in SCHEDULES:
+            continue
+        method = get_method(m, ["dense", *saved(), *SCHEDULES])
+        if method.plan_kind not in ("dense", *PREFIX_KINDS):
+            raise UserError(f"the frontier takes levels of {m} from its search order; a {method.plan_kind} plan has "
+                            "none: name dense, a pruning method, orthorank, router or a schedule "
+                            f"({', '.join(SCHEDULES)})")
+    return methods
+
+
+def _levels(text: str) -> list[float]:
+    try:
+        levels = sorted({float(x) for x in comma_items(text)})
+    except ValueError:
+        raise UserError(f"--levels must be comma-separated numbers in (0, 1), got {text!r}") from None
+    if not levels or any(not 0.0 < s < 1.0 for s in levels):
+        raise UserError(f"--levels must be comma-separated numbers in (0, 1), got {text!r}")
+    return levels
+
+
+def _saved_order(opts: FrontierOptions, model_name: str, method: str, check: bool = True) -> Plan:
+    """The saved plan of the highest level there is, whose provenance holds its search order."""
+    for level in SAVED_LEVELS:
+        try:
+            plan = Plan.load(saved_plan_file(model_name, get_method(method).plan_label, level, opts.plans_dir,
+                                             check=False))
+        except UserError:
+            continue
+        if not plan.provenance.get("order"):
+            raise UserError(f"the saved {method} plan at {level:g} records no search order, so lower levels cannot "
+                            "be read from it")
+        return plan
+    raise UserError(f"no saved {method} plan at {' or '.join(f'{s:g}' for s in SAVED_LEVELS)} for {model_name}; "
+                    f"run `orthorank calibrate --method {method}` first")
+
+
+def _prefix(plan: Plan, n: int) -> Plan:
+    layers = [int(i) for i in plan.provenance["order"][:n]]
+    provenance = {k: v for k, v in plan.provenance.items() if k not in ("measured", "matched")}
+    return dataclasses.replace(plan, layers=sorted(layers), target_sparsity=None,
+                               provenance={**provenance, "prefix_of": plan.label(), "prefix_layers": n})
+
+
+def _rows(opts: FrontierOptions, lm, length: int, levels: list[float], log) -> list[Row]:
+    """Dense, then every method at every level (and every policy variant of the selecting ones)."""
+    arch = Arch.from_config(lm.config, lm.num_layers)
+    L = arch.num_layers
+    variants = parse_variants(opts.policies) if opts.policies else []
+    rows = [Row("dense", "dense", None, Plan("dense", [], lm.name, lm.signature()))]
+    for method in _methods(opts):
+        if method == "dense":
+            continue
+        for s in levels:
+            removed = min(L - 1, math.ceil(s * L - 1e-9))
+            target = compute_sparsity(arch, length, "prune", removed)
+            if method in SCHEDULES:
+                plan = schedule_plan(method, lm.name, lm.signature(), arch, target, length,
+                                     start=opts.schedule_start)
+                label = f"{method} {s:g}"
+            else:
+                saved_plan = _saved_order(opts, lm.name, method)
+                saved_plan.check_model(lm.name, lm.signature())
+                order = saved_plan.provenance["order"]
+                if saved_plan.method == "prune":
+                    n = removed
+                else:
+                    scoring = selection_scoring_flops(saved_plan.selection, arch, length)
+                    n = layers_for_sparsity(s, L, "orthorank", saved_plan.ratio, match="compute", arch=arch,
+                                            seq_len=length, scoring=scoring)
+                if n > len(order):
+                    log(f"frontier: {method} at {s:g} needs {n} layers, its saved search chose {len(order)}: left out")
+                    continue
+                plan = _prefix(saved_plan, n)
+                label = f"{method} {s:g}"
+            rows.append(Row(label, method, s, plan))
+            if variants and plan.selection is not None and method in ("orthorank", "depth", "router"):
+                for spec, variant in policy_plans(plan, variants):
+                    rows.append(Row(f"{label} {spec}", f"{method}{spec}", s, variant, variant=spec))
+    return rows
+
+
+def _items(builder: SuiteBuilder, tokenizer, tasks: list[str], length: int, samples: int) -> list[Item]:
+    items = []
+    for task in tasks:
+        for i in range(samples):
+            s = builder.sample(task, length, i)
+            items.append(Item(f"{length:06d}/{task}/{i:04d}", tokenizer(s.prompt).input_ids, s.max_new_tokens,
+                              lambda text, a=s.answers: score(text, a)))
+    return items
+
+
+def _scores(opts: FrontierOptions, lm, rows: list[Row], items: list[Item], settings: dict[str, Any]) -> dict:
+    """{row name: {item key: result}}, through the store under the same keys as `orthorank longctx`."""
+    store = store_from_options(opts)
+    fp = model_fingerprint(lm.model) if store is not None else None
+    settings = {**settings, "items": digest([[it.key, it.ids, it.max_new_tokens] for it in items])}
+    out = {}
+    for row in rows:
+        ns = store.namespace("longctx", longctx_key(lm.model, row.applied(), "ruler-offline", settings, fp)) \
+            if store is not None else None
+        bar = tqdm(total=len(items), desc=f"{row.name} @ {settings['length']}", leave=True)
+        out[row.name] = run_row(lm, row, items, ns, opts.batch_size, progress=bar.update)
+        bar.close()
+    return out
+
+
+@torch.no_grad()
+def _times(lm, rows: list[Row], ids: list[int], repeats: int) -> dict[str, list[float]]:
+    """Seconds to the first token of every row (batch 1, the prompt `ids`), in interleaved rounds."""
+    forward = LastTokenForward(lm.model)
+    batch = torch.tensor([ids], device=input_device(lm.model))
+    device = batch.device
+    by_name = {r.name: r for r in rows}
+
+    def time_one(name: str) -> float:
+        apply_plan(lm.model, by_name[name].applied())
+        try:
+            return time_call(lambda: forward(batch, use_cache=True), device)
+        finally:
+            restore_dense(lm.model)
+
+    def progress(r: int, times: dict[str, list[float]]) -> None:
+        dense = times["dense"][-1]
+        print(f"frontier: round {r + 1}/{repeats} at {len(ids)} tokens: dense {dense:.2f}s", flush=True)
+
+    return interleaved_rounds([r.name for r in rows], time_one, repeats, warmup=1, on_round=progress)
+
+
+def _points(rows: list[Row], scores: dict, times: dict[str, list[float]], arch: Arch, length: int) -> list:
+    dense_scores = [scores["dense"][k]["score"] for k in sorted(scores["dense"])]
+    points = []
+    for row in rows:
+        vals = [scores[row.name][k]["score"] for k in sorted(scores[row.name])]
+        summary = summarize({"all": vals}, None if row.method == "dense" else {"all": dense_scores})["all"]
+        sp = paired_time_ratio(times["dense"], times[row.name])
+        compute = row.plan.compute_sparsity(arch, length) or 0.0
+        points.append(frontier.Point(
+            row.name, row.method, round(compute, 6),
+            {"value": sp.value, "low": sp.low, "high": sp.high, "n": sp.n}, summary,
+            layers=len(row.plan.layers), extra={"plan": row.applied().to_dict(), "times_s": times[row.name]}))
+    return points
+
+
+def check(opts: FrontierOptions) -> tuple[list[int], list[str], list[float]]:
+    """Bad options and missing plans are one-line errors before the model loads."""
+    lengths, tasks, levels = parse_lengths(opts.lengths), parse_tasks(opts.tasks), _levels(opts.levels)
+    if opts.policies:
+        parse_variants(opts.policies)
+    for m in _methods(opts):
+        if m not in ("dense", *SCHEDULES):
+            _saved_order(opts, expected_model_name(opts.model), m)
+    if opts.repeats < 2:
+        raise UserError("--repeats must be at least 2: a speed-up interval needs paired rounds")
+    return lengths, tasks, levels
+
+
+def run(opts: FrontierOptions) -> int:
+    lengths, tasks, levels = check(opts)
+    out = Path(opts.out)
+    check_writable(out / "frontier.json", opts.overwrite)
+    pools = load_pools(opts.data_dir)
+    lm = load_model_from_options(opts)
+    if lm.tokenizer is None:
+        raise UserError("the frontier needs a real model with a tokenizer (the long-context suite)")
+    for length in lengths:
+        check_context(lm.model, length)
+    arch = Arch.from_config(lm.config, lm.num_layers)
+    builder = SuiteBuilder(lm.tokenizer, pools, seed=opts.seed)
+    out.mkdir(parents=True, exist_ok=True)
+    result: dict[str, Any] = {"command": "frontier", "model": lm.name, "tasks": tasks, "samples": opts.samples,
+                              "levels": levels, "repeats": opts.repeats, "lengths": {}}
+    tables = []
+    for length in lengths:
+        t0 = time.perf_counter()
+        rows = _rows(opts, lm, length, levels, print)
+        items = _items(builder, lm.tokenizer, tasks, length, opts.samples)
+        settings = {"tasks": tasks, "length": length, "samples": opts.samples, "seed": opts.seed}
+        scores = _scores(opts, lm, rows, items, settings)
+        times = _times(lm, rows, items[0].ids, opts.repeats)
+        points = _points(rows, scores, times, arch, length)
+        caption = (f"{lm.name}, {length} tokens: score = mean accuracy (%) on {', '.join(tasks)}, {opts.samples} "
+                   f"samples per task ({len(items)} items, offline suite seed {opts.seed}), paired with dense, 95% "
+                   f"bootstrap intervals; speed-up = time to first token of dense / the row's, batch 1, median of "
+                   f"{opts.repeats} interleaved rounds with a bootstrap interval over rounds; compute = share of "
+                   "dense FLOPs skipped at this length; free = no loss against dense the sample shows")
+        tables.append(frontier.table(points, length, caption))
+        dense = points[0]
+        result["lengths"][str(length)] = {
+            "points": [{**p.to_dict(), "free": frontier.is_free(p, dense)} for p in points],
+            "free_speedups": frontier.free_speedups(points), "seconds": round(time.perf_counter() - t0, 1)}
+        frontier.plot(points, length, out / f"frontier-{length}.png", f"{lm.name}: retrieval frontier at {length} "
+                      "tokens")
+        # every finished length is on disk: a stopped run keeps it (and the store keeps the scores)
+        atomic_write_text(out / "frontier.md", "\n".join(tables))
+        write_json(out / "frontier.json", result, overwrite=True)
+        print(tables[-1], flush=True)
+    print(f"wrote {out / 'frontier.md'}, {out / 'frontier.json'}")
+    return 0

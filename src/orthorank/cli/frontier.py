@@ -1,0 +1,45 @@
+"""`orthorank frontier`: the retrieval frontier, measured prefill speed-up against long-context score per method and
+level at each prompt length, with each method's free speed-up (api/frontier.py, evaluation/frontier.py)."""
+
+from __future__ import annotations
+
+import argparse
+
+from orthorank.api import frontier
+from orthorank.cli.common import DATA_DIR_HELP, add_model_args, add_store_args, finite_float, positive_int
+from orthorank.evaluation.longctx_suite import LENGTHS, TASKS
+from orthorank.method.registry import saved
+from orthorank.method.schedules import DEFAULT_START, SCHEDULES
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("frontier", help="prefill speed-up against long-context score per method and level",
+                       description=frontier.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_model_args(p)
+    p.add_argument("--methods", default="dense,sleb,shortgpt,orthorank,depth,progressive",
+                   help=f"comma-separated, from dense, {', '.join(saved())} (levels from the saved search's order) "
+                        f"and the schedules {', '.join(SCHEDULES)} (default %(default)s)")
+    p.add_argument("--levels", default="0.05,0.1,0.15,0.2",
+                   help="levels s: each plan skips about the compute of removing ceil(s L) layers at the length "
+                        "(default %(default)s)")
+    p.add_argument("--policies", default=None, metavar="SPECS",
+                   help="extra rows on the orthorank and depth plans: NAME[+recent=W][+first=W][+window=W], "
+                        "comma-separated, e.g. attention+window=64 (default: none)")
+    p.add_argument("--schedule-start", type=finite_float, default=None,
+                   help="share of the layers kept dense before a schedule selects (default: "
+                        + ", ".join(f"{k} {v:g}" for k, v in DEFAULT_START.items()) + ")")
+    p.add_argument("--lengths", default="4k,8k",
+                   help=f"prompt lengths: {', '.join(LENGTHS)} or N tokens (default %(default)s)")
+    p.add_argument("--tasks", default="niah_single,niah_multikey",
+                   help=f"offline-suite tasks, from {', '.join(TASKS)} (default %(default)s)")
+    p.add_argument("--samples", type=positive_int, default=10, help="samples per task (default %(default)s)")
+    p.add_argument("--repeats", type=positive_int, default=5,
+                   help="interleaved timing rounds per length, after one warm-up round (default %(default)s)")
+    p.add_argument("--plans-dir", default=None,
+                   help="folder of saved <method>-<sparsity>.json plans (default: plans/<model>/)")
+    p.add_argument("--batch-size", type=positive_int, default=1,
+                   help="prompts per generate call when scoring (default %(default)s)")
+    p.add_argument("--data-dir", default=None, help=DATA_DIR_HELP)
+    p.add_argument("--out", required=True, metavar="DIR", help="folder for frontier.{md,json} and one figure per length")
+    p.add_argument("--overwrite", action="store_true", help="replace existing output files")
+    add_store_args(p)

@@ -1,0 +1,118 @@
+"""The retrieval frontier: at one prompt length, each setting's measured prefill speed-up against its long-context
+score, both paired with dense, and the free speed-up each method reaches.
+
+A point is free when its score stays within dense's reach: the paired difference's 95% interval reaches 0 (no
+loss the sample can show) and its mean lies inside dense's own 95% interval. A method's free speed-up is the
+largest measured speed-up (median of paired rounds) among its free points, reported with that point's interval;
+a method with no free point has none. Few samples make many points free by default, so every table says how many
+items and rounds it rests on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class Point:
+    name: str  # e.g. "sleb 3 layers", "progressive 0.15"
+    method: str  # its family: dense, sleb, orthorank, depth, progressive, ...
+    compute: float  # share of dense FLOPs skipped at this length (method/cost.py)
+    speedup: dict[str, float]  # {"value", "low", "high", "n"}: dense time / row time, paired rounds
+    score: dict[str, Any]  # {"mean", "low", "high", "n", "diff": {"value", "low", "high"}} in points (%)
+    layers: int = 0  # layers the plan changes
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ideal(self) -> float:
+        """The FLOP ideal: what skipping `compute` of the work would give if time followed FLOPs."""
+        return 1.0 / (1.0 - self.compute) if self.compute < 1.0 else float("inf")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "ideal_speedup": round(self.ideal, 4), "free": None}
+
+
+def is_free(point: Point, dense: Point) -> bool:
+    """No loss against dense that the sample shows: the paired difference's interval reaches 0 (or lies above it)
+    and the mean score is inside dense's interval (or above it)."""
+    if point.method == "dense":
+        return True
+    diff = point.score.get("diff")
+    if diff is None:
+        return False
+    return diff["high"] >= 0.0 and point.score["mean"] >= dense.score["low"]
+
+
+def free_speedups(points: list[Point]) -> dict[str, dict[str, Any] | None]:
+    """Per method (dense excluded): the free point with the largest measured speed-up, or None."""
+    dense = next(p for p in points if p.method == "dense")
+    best: dict[str, dict[str, Any] | None] = {}
+    for p in points:
+        if p.method == "dense":
+            continue
+        best.setdefault(p.method, None)
+        if is_free(p, dense) and (best[p.method] is None or p.speedup["value"] > best[p.method]["speedup"]["value"]):
+            best[p.method] = {"point": p.name, "speedup": p.speedup, "compute": p.compute, "score": p.score}
+    return best
+
+
+def _iv(d: dict[str, Any], key: str = "value", spec: str = ".3f") -> str:
+    lo, hi = d.get("low"), d.get("high")
+    v = format(d[key], spec)
+    if lo is None or hi is None or lo != lo or hi != hi:
+        return f"{v} [n/a]"
+    return f"{v} [{format(lo, spec)}, {format(hi, spec)}]"
+
+
+def table(points: list[Point], length: int, caption: str) -> str:
+    dense = next(p for p in points if p.method == "dense")
+    lines = [f"### {length} tokens", "", caption, "",
+             "| setting | layers | compute | FLOP ideal | measured speed-up [95% CI] | score [95% CI] | "
+             "vs dense (points) [95% CI] | free |",
+             "|---|---|---|---|---|---|---|---|"]
+    for p in points:
+        diff = "-" if p.method == "dense" else _iv(p.score["diff"], spec="+.1f")
+        lines.append(f"| {p.name} | {p.layers} | {p.compute:.3f} | {p.ideal:.3f}x | {_iv(p.speedup)}x | "
+                     f"{_iv(p.score, 'mean', '.1f')} | {diff} | {'yes' if is_free(p, dense) else 'no'} |")
+    lines += ["", "Free speed-up per method (the largest measured speed-up among its free points):", "",
+              "| method | free speed-up [95% CI] | at | score |", "|---|---|---|---|"]
+    for method, best in free_speedups(points).items():
+        if best is None:
+            lines.append(f"| {method} | none | - | - |")
+        else:
+            lines.append(f"| {method} | {_iv(best['speedup'])}x | {best['point']} | "
+                         f"{_iv(best['score'], 'mean', '.1f')} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(points: list[Point], length: int, path: Path, title: str) -> None:
+    import matplotlib  # optional heavy dependency: only for the figure
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from orthorank.results import atomic_save_figure
+
+    dense = next(p for p in points if p.method == "dense")
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ax.axhspan(dense.score["low"], dense.score["high"], color="0.9", label="dense 95% interval")
+    methods = list(dict.fromkeys(p.method for p in points))
+    for m in methods:
+        ps = sorted((p for p in points if p.method == m), key=lambda p: p.speedup["value"])
+        xs = [p.speedup["value"] for p in ps]
+        ys = [p.score["mean"] for p in ps]
+        xerr = [[max(0.0, p.speedup["value"] - p.speedup["low"]) if p.speedup["low"] == p.speedup["low"] else 0.0
+                 for p in ps], [max(0.0, p.speedup["high"] - p.speedup["value"])
+                               if p.speedup["high"] == p.speedup["high"] else 0.0 for p in ps]]
+        yerr = [[max(0.0, p.score["mean"] - p.score["low"]) for p in ps],
+                [max(0.0, p.score["high"] - p.score["mean"]) for p in ps]]
+        ax.errorbar(xs, ys, xerr=xerr, yerr=yerr, marker="o", capsize=2, label=m, linestyle="-" if len(ps) > 1 else "")
+    ax.set_xlabel("measured prefill speed-up over dense (batch 1, paired rounds)")
+    ax.set_ylabel("long-context score (%)")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    atomic_save_figure(fig, path)
+    plt.close(fig)

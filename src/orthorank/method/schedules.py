@@ -1,0 +1,95 @@
+"""Plans from a formula rather than a search: where long prompts are concerned, which layers select and how many
+tokens each keeps follows from depth alone, at a compute target.
+
+- depth: OrthoRank (its policy, bypassed tokens' K/V kept) in the later layers only, from `start` to the last inner
+  layer, every one at the same keep ratio, set so that the plan skips the target's compute share. Early layers,
+  where the sink has not formed and where retrieval heads read the prompt, stay dense.
+- progressive (LazyLLM-style, Fu et al. 2024, arXiv 2407.14057): from `start` on, every layer keeps fewer tokens
+  than the one before (a linear ramp from 1 down to a final keep ratio, set for the target), a token left out
+  stays out of every later layer and offers no keys there (its K/V still reach the cache, so decoding can revive
+  it), scored by the attention the last token pays it (LazyLLM's rule; here this layer's own estimate, since SDPA
+  does not return the previous layer's probabilities). The last token is always kept: it predicts the answer.
+
+Targets are compute shares at one sequence length (method/cost.py); the plans are hybrid plans (a keep ratio per
+layer) and run through every command.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from orthorank.errors import UserError
+from orthorank.method.cost import Arch
+from orthorank.method.plan import Plan
+from orthorank.method.selection import SelectionConfig
+
+SCHEDULES = ("depth", "progressive")
+DEFAULT_START = {"depth": 0.5, "progressive": 0.25}  # share of the layers before the first selecting one
+# LazyLLM's selection: the last token's attention, pruned tokens' keys hidden (the sink's kept visible), nested
+PROGRESSIVE_SELECTION = SelectionConfig(policy="attention", attention_window=1, bypass_kv=False,
+                                        sink_kv_visible=True, progressive=True, keep_recent=1)
+
+
+def first_layer(num_layers: int, start: float) -> int:
+    if not 0.0 <= start < 1.0:
+        raise UserError(f"a schedule's start is a share of the layers in [0, 1), got {start}")
+    return max(1, int(round(start * num_layers)))
+
+
+def _ramp(first: int, last: int, final: float) -> dict[int, float]:
+    """Keep ratios falling linearly from just under 1 at `first` to `final` at `last` (inclusive)."""
+    n = last - first + 1
+    return {first + j: 1.0 - (1.0 - final) * (j + 1) / n for j in range(n)}
+
+
+def _solve(make, arch: Arch, seq_len: int, target: float, what: str) -> Plan:
+    """The plan of `make(x)` (x in (0, 1], less skipped as x grows) whose compute share at seq_len is closest to
+    the target from above or at it, by bisection on x."""
+    most = make(1.0 / seq_len)
+    if most.compute_sparsity(arch, seq_len) < target - 1e-9:
+        raise UserError(f"the {what} schedule cannot skip {target:.3f} of the compute at {seq_len} tokens (at most "
+                        f"{most.compute_sparsity(arch, seq_len):.3f}): start it earlier or lower the target")
+    lo, hi = 1.0 / seq_len, 1.0
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        if make(mid).compute_sparsity(arch, seq_len) >= target:
+            lo = mid
+        else:
+            hi = mid
+    return make(lo)
+
+
+def schedule_plan(kind: str, model: str, signature: dict[str, Any], arch: Arch, target: float, seq_len: int,
+                  start: float | None = None, selection: SelectionConfig | None = None) -> Plan:
+    """A `kind` schedule (SCHEDULES) for a model that skips `target` of its compute at `seq_len` tokens."""
+    if kind not in SCHEDULES:
+        raise UserError(f"unknown schedule {kind!r}; choose one of {', '.join(SCHEDULES)}")
+    start = DEFAULT_START[kind] if start is None else start
+    L = arch.num_layers
+    first = first_layer(L, start)
+    if kind == "depth":
+        sel = selection or SelectionConfig()
+        last = L - 2  # the last layer stays dense, as in every search
+
+        def make(x: float) -> Plan:
+            return _plan(model, signature, arch, {i: x for i in range(first, last + 1)}, sel, kind, start, target,
+                         seq_len)
+    else:
+        sel = selection or PROGRESSIVE_SELECTION
+        if not sel.progressive:
+            sel = dataclasses.replace(sel, progressive=True, bypass_kv=False)
+
+        def make(x: float) -> Plan:
+            return _plan(model, signature, arch, _ramp(first, L - 1, x), sel, kind, start, target, seq_len)
+    if first > (L - 2 if kind == "depth" else L - 1):
+        raise UserError(f"a {kind} schedule starting at layer {first} of {L} has no layer to select in")
+    return _solve(make, arch, seq_len, target, kind)
+
+
+def _plan(model: str, signature: dict[str, Any], arch: Arch, ratios: dict[int, float], selection: SelectionConfig,
+          kind: str, start: float, target: float, seq_len: int) -> Plan:
+    return Plan("hybrid", sorted(ratios), model, signature, selection=dataclasses.replace(selection, ratio=1.0),
+                target_sparsity=None, arch=dataclasses.asdict(arch), actions={i: round(r, 6) for i, r in ratios.items()},
+                provenance={"search": f"schedule-{kind}", "schedule": kind, "start": start,
+                            "target_compute": round(target, 6), "cost_seq_len": seq_len})

@@ -1,0 +1,225 @@
+"""Long-prompt settings (issue 45): progressive pruning, depth schedules, the attention window, the tail modifier and
+the retrieval frontier's arithmetic."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+
+from cli_helpers import assert_user_error
+from conftest import tiny_model
+from orthorank.errors import UserError
+from orthorank.evaluation import frontier
+from orthorank.method import SelectionConfig, apply_orthorank
+from orthorank.method.apply import apply_plan, restore_dense, selective
+from orthorank.method.cost import Arch, compute_sparsity
+from orthorank.method.layer import SelectiveLayer
+from orthorank.method.plan import Plan
+from orthorank.method.policies import parse_variant
+from orthorank.method.schedules import PROGRESSIVE_SELECTION, schedule_plan
+
+ATOL = 1e-5
+
+
+def ids_for(batch=1, length=40, vocab=128, seed=3):
+    return torch.randint(3, vocab, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def _signature(m):
+    c = m.config
+    return {"model_type": c.model_type, "num_layers": c.num_hidden_layers, "hidden_size": c.hidden_size,
+            "vocab_size": c.vocab_size}
+
+
+def _hybrid(m, ratios: dict[int, float], selection: SelectionConfig) -> Plan:
+    return Plan("hybrid", sorted(ratios), "tiny", _signature(m), selection=selection, actions=dict(ratios),
+                arch=dataclasses.asdict(Arch.from_config(m.config, m.config.num_hidden_layers)))
+
+
+# -- progressive pruning (LazyLLM-style) ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "gemma3"])
+def test_progressive_pruning_that_prunes_nothing_equals_dense(family):
+    m = tiny_model(family)
+    ids = ids_for()
+    dense = m(ids).logits
+    apply_orthorank(m, [1, 2, 3], dataclasses.replace(PROGRESSIVE_SELECTION, ratio=1.0))
+    assert torch.allclose(m(ids).logits, dense, atol=ATOL)
+
+
+def test_progressive_keep_sets_are_nested_and_the_last_token_always_kept():
+    m = tiny_model("llama", layers=6)
+    ids = ids_for(length=48)
+    plan = _hybrid(m, {2: 0.8, 3: 0.6, 4: 0.4, 5: 0.3}, PROGRESSIVE_SELECTION)
+    apply_plan(m, plan)
+    m(ids, use_cache=False)
+    keeps = [selective(m.model.layers[i]).last_keep[0] for i in (2, 3, 4, 5)]
+    for a, b in zip(keeps, keeps[1:]):
+        assert bool((b <= a).all()), "a token pruned in one layer came back in a later one"
+    assert all(bool(k[-1]) for k in keeps)
+    assert [int(k.sum()) for k in keeps] == [math.ceil(r * 48 - 1e-9) for r in (0.8, 0.6, 0.4, 0.3)]
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_progressive_gathered_keys_equal_masking_the_pruned_keys(family, monkeypatch):
+    """The gathered path (kept keys only: the saving) gives what masking the pruned keys gives (the reference)."""
+    m = tiny_model(family, layers=5)
+    ids = ids_for(length=64)
+    plan = _hybrid(m, {1: 0.7, 2: 0.5, 3: 0.5, 4: 0.3}, PROGRESSIVE_SELECTION)
+    calls = []
+    real = SelectiveLayer._pruned_attention
+
+    def counted(self, *a, **k):
+        calls.append(self.layer_index)
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(SelectiveLayer, "_pruned_attention", counted)
+    apply_plan(m, plan)
+    gathered = m(ids, use_cache=False).logits
+    assert calls == [1, 2, 3, 4]
+    restore_dense(m)
+    monkeypatch.setattr(SelectiveLayer, "_gathers_keys", lambda self, call, mask, S: False)
+    apply_plan(m, plan)
+    masked = m(ids, use_cache=False).logits
+    assert torch.allclose(gathered, masked, atol=ATOL), (gathered - masked).abs().max()
+
+
+def test_progressive_cached_generation_sees_every_token_and_equals_uncached_first_token():
+    m = tiny_model("llama", layers=4)
+    ids = ids_for(length=40)
+    apply_plan(m, _hybrid(m, {1: 0.6, 2: 0.4, 3: 0.3}, PROGRESSIVE_SELECTION))
+    out = m(ids, use_cache=True)
+    cache = out.past_key_values
+    assert cache.get_seq_length(3) == 40  # pruned tokens' K/V are in the cache: decoding can revive them
+    assert torch.allclose(out.logits[:, -1], m(ids, use_cache=False).logits[:, -1], atol=ATOL)
+
+
+def test_progressive_plans_refuse_rising_ratios_and_threshold_decode():
+    m = tiny_model("llama", layers=5)
+    with pytest.raises(UserError, match="rise with depth"):
+        _hybrid(m, {1: 0.3, 2: 0.5}, PROGRESSIVE_SELECTION)
+    with pytest.raises(UserError, match="no threshold decode"):
+        SelectionConfig(progressive=True, decode="threshold")
+
+
+def test_pruned_keys_cost_less_attention_and_the_attention_window_costs_its_queries():
+    arch = Arch(num_layers=30, hidden=576, heads=9, kv_heads=3, head_dim=64, ffn=1536, vocab=49152)
+    m = tiny_model("llama", layers=4)
+    sel = dataclasses.replace(PROGRESSIVE_SELECTION, ratio=1.0)
+    masked = Plan("orthorank", [1, 2], "tiny", _signature(m), selection=dataclasses.replace(sel, ratio=0.5,
+                  progressive=False), arch=dataclasses.asdict(arch))
+    pruned = dataclasses.replace(masked, selection=dataclasses.replace(sel, ratio=0.5))
+    for T in (512, 8192):
+        assert pruned.compute_sparsity(seq_len=T) > masked.compute_sparsity(seq_len=T)
+    wide = dataclasses.replace(masked, selection=dataclasses.replace(masked.selection, attention_window=256))
+    assert wide.compute_sparsity(seq_len=4096) < masked.compute_sparsity(seq_len=4096)  # 256 queries vs 1
+
+
+# -- schedules -----------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["depth", "progressive"])
+@pytest.mark.parametrize("seq_len", [512, 8192])
+def test_schedules_skip_the_target_compute_and_keep_early_layers_dense(kind, seq_len):
+    arch = Arch(num_layers=30, hidden=576, heads=9, kv_heads=3, head_dim=64, ffn=1536, vocab=49152)
+    target = compute_sparsity(arch, seq_len, "prune", 6)
+    plan = schedule_plan(kind, "m", {"num_layers": 30}, arch, target, seq_len)
+    assert abs(plan.compute_sparsity(arch, seq_len) - target) < 2e-3
+    assert min(plan.layers) >= 7 and not plan.removed_layers
+    ratios = [c.ratio for c in plan.selection_layers.values()]
+    if kind == "progressive":
+        assert ratios == sorted(ratios, reverse=True) and plan.selection.progressive
+    else:
+        assert len(set(ratios)) == 1 and max(plan.layers) == 28
+    with pytest.raises(UserError, match="cannot skip"):
+        schedule_plan(kind, "m", {"num_layers": 30}, arch, 0.95, seq_len)
+
+
+# -- the tail modifier and the question-scored policy ---------------------------------------------------------------
+
+def test_the_tail_modifier_never_changes_compute_or_the_number_updated():
+    m = tiny_model("llama", layers=4)
+    ids = ids_for(length=40)
+    arch = dataclasses.asdict(Arch.from_config(m.config, 4))
+    counts = {}
+    for w in (0, 8, 40):
+        plan = Plan("orthorank", [1, 2], "tiny", _signature(m), selection=SelectionConfig(ratio=0.3, keep_recent=w),
+                    arch=arch)
+        counts[w] = plan.compute_sparsity(seq_len=40)
+        apply_plan(m, plan)
+        m(ids, use_cache=False)
+        keep = selective(m.model.layers[1]).last_keep[0]
+        assert int(keep.sum()) == 12
+        if 0 < w <= 12:
+            assert bool(keep[-w:].all())  # the tail first, within K
+        restore_dense(m)
+    assert counts[0] == counts[8] == counts[40]
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_question_scored_selection_with_the_tail_equal_to_the_prompt_equals_dense(family):
+    """The observation window and the always-updated tail both the whole prompt, with K covering it: dense."""
+    m = tiny_model(family)
+    ids = ids_for(length=32)
+    dense = m(ids).logits
+    apply_orthorank(m, [1, 2], SelectionConfig(ratio=1.0, policy="attention", attention_window=32, keep_recent=32))
+    assert torch.allclose(m(ids).logits, dense, atol=ATOL)
+
+
+def test_attention_window_modifier_parses_and_belongs_to_attention_policies():
+    assert parse_variant("attention+window=64") == {"policy": "attention", "attention_window": 64}
+    with pytest.raises(UserError, match="attention window belongs"):
+        SelectionConfig(policy="orthogonal", attention_window=8)
+    assert "attention_window" not in SelectionConfig().to_dict()  # stored results before it keep their keys
+    assert "progressive" not in SelectionConfig().to_dict()
+
+
+def test_attention_window_one_ranks_by_the_last_token_alone():
+    """Reference: the dense model's own attention of the last query (eager), the sink last."""
+    m = tiny_model("llama", attn="eager")
+    ids = ids_for(length=40, seed=9)
+    probs = m(ids, output_attentions=True).attentions[2][0, :, -1, :].sum(0)  # [T]
+    probs[0] = -1.0
+    expected = sorted(torch.argsort(probs, descending=True)[:10].tolist())
+    apply_orthorank(m, [2], SelectionConfig(ratio=0.25, policy="attention", attention_window=1))
+    m(ids, use_cache=False)
+    keep = selective(m.model.layers[2]).last_keep[0]
+    assert sorted(torch.nonzero(keep).squeeze(1).tolist()) == expected
+
+
+# -- the frontier's arithmetic -------------------------------------------------------------------------------------
+
+def _point(name, method, speed, mean, diff_low, diff_high, low=None, high=None):
+    return frontier.Point(name, method, 0.1, {"value": speed, "low": speed - 0.05, "high": speed + 0.05, "n": 5},
+                          {"mean": mean, "low": mean - 10 if low is None else low,
+                           "high": mean + 10 if high is None else high, "n": 20,
+                           "diff": {"value": (diff_low + diff_high) / 2, "low": diff_low, "high": diff_high}})
+
+
+def test_free_speedups_come_from_the_paired_intervals():
+    dense = frontier.Point("dense", "dense", 0.0, {"value": 1.0, "low": 1.0, "high": 1.0, "n": 5},
+                           {"mean": 50.0, "low": 40.0, "high": 60.0, "n": 20})
+    points = [dense,
+              _point("a 0.1", "a", 1.10, 48.0, -8.0, 4.0),  # free
+              _point("a 0.2", "a", 1.30, 45.0, -12.0, 1.0),  # free: the interval reaches 0, mean within dense's
+              _point("a 0.3", "a", 1.50, 42.0, -15.0, -1.0),  # a loss the sample shows
+              _point("b 0.1", "b", 1.20, 35.0, -20.0, 2.0),  # mean below dense's interval
+              ]
+    best = frontier.free_speedups(points)
+    assert best["a"]["point"] == "a 0.2" and best["a"]["speedup"]["value"] == 1.30
+    assert best["b"] is None
+    text = frontier.table(points, 4096, "caption")
+    assert "| a | 1.300 [1.250, 1.350]x | a 0.2 |" in text and "| b | none |" in text
+
+
+def test_frontier_command_refuses_bad_input_before_loading(capsys, tiny_hf_folder, tmp_path):
+    assert_user_error(capsys, "--levels must be", "frontier", "--model", str(tiny_hf_folder), "--levels", "0.3,x",
+                      "--out", str(tmp_path / "f"))
+    assert_user_error(capsys, "unknown method 'nope'", "frontier", "--model", str(tiny_hf_folder), "--methods",
+                      "dense,nope", "--out", str(tmp_path / "f"))
+    assert_user_error(capsys, "from its search order", "frontier", "--model", str(tiny_hf_folder), "--methods",
+                      "dense,hybrid", "--out", str(tmp_path / "f"))
+    assert_user_error(capsys, "--repeats must be at least 2", "frontier", "--model", str(tiny_hf_folder),
+                      "--methods", "dense,depth", "--repeats", "1", "--out", str(tmp_path / "f"))
