@@ -223,3 +223,26 @@ def test_frontier_command_refuses_bad_input_before_loading(capsys, tiny_hf_folde
                       "dense,hybrid", "--out", str(tmp_path / "f"))
     assert_user_error(capsys, "--repeats must be at least 2", "frontier", "--model", str(tiny_hf_folder),
                       "--methods", "dense,depth", "--repeats", "1", "--out", str(tmp_path / "f"))
+
+
+# -- calibration prompts for the tail: never the evaluation text ---------------------------------------------------
+
+@pytest.mark.data
+def test_no_calibration_prompt_shares_text_with_an_evaluation_sample():
+    from types import SimpleNamespace
+
+    from orthorank.api.frontier import _items, calibration_items, largest_shared
+    from orthorank.evaluation.longctx_suite import SuiteBuilder, load_pools
+    from orthorank.evaluation.overlap import MAX_SHARED
+    from orthorank.models.loading import embedded_gguf_path
+    from transformers import AutoTokenizer
+
+    gguf = embedded_gguf_path()
+    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    tasks = ["niah_single", "niah_multikey"]
+    ev = _items(SuiteBuilder(tok, load_pools(), seed=0), tok, tasks, 1024, 4)
+    cal = calibration_items(SimpleNamespace(tokenizer=tok), tasks, 1024, 4, None)
+    assert {it.key for it in cal}.isdisjoint(it.key for it in ev)
+    shared = largest_shared(ev, cal)
+    assert shared < 0.05 < MAX_SHARED, shared  # the tasks' templates only
+    assert largest_shared(ev, ev) == 1.0  # the check sees copied text

@@ -99,7 +99,8 @@ def test_study_end_to_end_resumes_and_summarizes(capsys, tiny_long_folder, tmp_p
     assert code == 0, err
     study = json.loads((out / "study.json").read_text())
     assert study["finished"] == ["sink", "plans", "perplexity", "zeroshot", "longctx", "speed", "decode", "router"]
-    assert study["skipped"] == ["hybrid", "transfer", "policies"]  # not in the test budget; run only when named
+    assert study["skipped"] == ["hybrid", "transfer", "policies", "long-prompt"]  # not in the test budget; run
+    # only when named
     groups = {c["group"] for c in study["claims"]}
     assert groups == {"perplexity", "ablation", "zero-shot", "long inputs", "speed", "router"}
     router = Plan.load(tmp_path / "plans" / tiny_long_folder.name / "router-0.2.json")
@@ -158,6 +159,20 @@ def test_study_end_to_end_resumes_and_summarizes(capsys, tiny_long_folder, tmp_p
     assert "| orthorank (policy oracle) | 0.2 |" in headroom and "| orthorank (the paper's rule) | 0.2 |" in headroom
     assert headroom.index("Perplexity at each level") < headroom.index("Share of the oracle's headroom")
     assert "Selection policies" in (out / "report.html").read_text()
+
+    # the long-prompt stage (issue 45 for any model), named: the retrieval frontier at the budget's lengths
+    code, stdout, err = run_cli(capsys, "study", "--model", tiny_long_folder, "--budget", "test", "--out", out,
+                                "--stages", "long-prompt", "--threads", "1")
+    assert code == 0, err
+    front = json.loads((out / "long-prompt" / "frontier.json").read_text())
+    assert front["complete"] and list(front["lengths"]) == ["256"]
+    points = front["lengths"]["256"]["points"]
+    # four layers: the depth schedule's one layer cannot skip a removed layer's compute, so it is left out, saying so
+    assert {"dense", "sleb", "orthorank", "progressive"} <= {p["method"] for p in points}
+    assert "frontier: depth at 0.2 left out" in stdout + err
+    assert set(front["lengths"]["256"]["free_speedups"]) == {p["method"] for p in points} - {"dense"}
+    assert front["lengths"]["256"]["tails"]["largest_shared_with_evaluation"] < 0.2
+    assert (out / "long-prompt" / "frontier-256.png").is_file()
 
     import browser_check
 

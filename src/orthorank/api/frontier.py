@@ -8,7 +8,10 @@ Each method runs at several levels, each level a plan skipping about the compute
 that length: pruning methods and OrthoRank take the first layers of their saved searches' order (greedy searches
 are sequential, so a shorter prefix is what the search would have chosen at a lower level); the schedules
 (method/schedules.py: depth, progressive) are built for that compute. `--policies` adds rows with other selection
-policies on the OrthoRank and depth plans. Every row is scored on the offline suite's needle tasks (paired with
+policies on the OrthoRank and depth plans. With `--tails`, every selecting method also gets rows that always update
+the prompt's last W tokens (the question; within K, so compute is unchanged), W chosen per method and length on
+calibration prompts (the same tasks built from calibration text, checked to share no text with the evaluation
+prompts), never on evaluation samples. Every row is scored on the offline suite's needle tasks (paired with
 dense, same items, through the result store: runs resume) and timed against dense in interleaved rounds of time to
 first token (batch 1, one prompt of that length, the LM head on the last position only).
 """
@@ -21,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from tqdm.auto import tqdm
 
@@ -30,11 +34,15 @@ from orthorank.errors import UserError, comma_items
 from orthorank.evaluation import frontier
 from orthorank.evaluation.compare import policy_plans
 from orthorank.evaluation.longctx import Item, Row, longctx_key, run_row, summarize
-from orthorank.evaluation.longctx_suite import SuiteBuilder, load_pools, parse_lengths, parse_tasks, score
+from orthorank.evaluation.data import load_calibration_text
+from orthorank.evaluation.longctx_suite import (
+    SuiteBuilder, load_pools, parse_lengths, parse_tasks, score, split_sentences,
+)
+from orthorank.evaluation.overlap import MAX_SHARED, NGRAM, ngram_hashes
 from orthorank.evaluation.stats import paired_time_ratio
 from orthorank.method.apply import apply_plan, restore_dense
 from orthorank.method.cost import Arch, compute_sparsity
-from orthorank.method.plan import Plan, layers_for_sparsity, selection_scoring_flops
+from orthorank.method.plan import Plan
 from orthorank.method.policies import parse_variants
 from orthorank.method.registry import get_method, saved
 from orthorank.method.schedules import SCHEDULES, schedule_plan
@@ -44,6 +52,8 @@ from orthorank.results import atomic_write_text, check_writable, write_json
 from orthorank.runtime.timing import interleaved_rounds, time_call
 from orthorank.store import digest, model_fingerprint
 
+SELECTING = ("orthorank", "router", "router-searched", "depth")  # methods whose rows take policy variants and tails
+CALIBRATION_SEED = 1_000_003  # calibration prompts: another seed and calibration text, so no sample repeats
 PREFIX_KINDS = ("prune", "orthorank")  # saved plans whose search order gives lower levels as prefixes
 SAVED_LEVELS = (0.2, 0.1)  # the saved plan whose order is read: the highest level there is
 
@@ -109,8 +119,12 @@ def _rows(opts: FrontierOptions, lm, length: int, levels: list[float], log) -> l
             removed = min(L - 1, math.ceil(s * L - 1e-9))
             target = compute_sparsity(arch, length, "prune", removed)
             if method in SCHEDULES:
-                plan = schedule_plan(method, lm.name, lm.signature(), arch, target, length,
-                                     start=opts.schedule_start)
+                try:
+                    plan = schedule_plan(method, lm.name, lm.signature(), arch, target, length,
+                                         start=opts.schedule_start)
+                except UserError as exc:  # this level is out of the schedule's reach: the others still run
+                    log(f"frontier: {method} at {s:g} left out: {exc}")
+                    continue
                 label = f"{method} {s:g}"
             else:
                 saved_plan = _saved_order(opts, lm.name, method)
@@ -118,20 +132,66 @@ def _rows(opts: FrontierOptions, lm, length: int, levels: list[float], log) -> l
                 order = saved_plan.provenance["order"]
                 if saved_plan.method == "prune":
                     n = removed
-                else:
-                    scoring = selection_scoring_flops(saved_plan.selection, arch, length)
-                    n = layers_for_sparsity(s, L, "orthorank", saved_plan.ratio, match="compute", arch=arch,
-                                            seq_len=length, scoring=scoring)
-                if n > len(order):
-                    log(f"frontier: {method} at {s:g} needs {n} layers, its saved search chose {len(order)}: left out")
-                    continue
+                    if n > len(order):
+                        log(f"frontier: {method} at {s:g} removes {n} layers, its saved search chose {len(order)}: "
+                            "left out")
+                        continue
+                else:  # the prefix whose compute is closest to pruning's at this length, at the plan's ratio
+                    skipped = {k: _prefix(saved_plan, k).compute_sparsity(arch, length) for k in range(1, len(order) + 1)}
+                    n = min(skipped, key=lambda k: abs(skipped[k] - target))
+                    if skipped[n] < 0.9 * target:
+                        log(f"frontier: {method} at {s:g}: its saved search's {len(order)} layers skip "
+                            f"{skipped[n]:.3f} of the compute, short of {target:.3f}: left out")
+                        continue
                 plan = _prefix(saved_plan, n)
                 label = f"{method} {s:g}"
             rows.append(Row(label, method, s, plan))
-            if variants and plan.selection is not None and method in ("orthorank", "depth", "router"):
+            if variants and plan.selection is not None and method in SELECTING:
                 for spec, variant in policy_plans(plan, variants):
                     rows.append(Row(f"{label} {spec}", f"{method}{spec}", s, variant, variant=spec))
     return rows
+
+
+def _tails(text: str | None) -> list[int]:
+    if not text:
+        return []
+    try:
+        tails = sorted({int(x) for x in comma_items(text)})
+    except ValueError:
+        raise UserError(f"--tails must be comma-separated whole numbers of tokens, got {text!r}") from None
+    if any(w < 0 for w in tails) or len(tails) < 2:
+        raise UserError(f"--tails needs at least two candidates >= 0 (e.g. 0,16,64,256), got {text!r}")
+    return tails
+
+
+def calibration_items(lm, tasks: list[str], length: int, samples: int, data_dir) -> list[Item]:
+    """The suite's tasks built from calibration text (WikiText-2's and C4's calibration parts) with another seed."""
+    pools = {name: split_sentences(load_calibration_text(name, data_dir)) for name in ("wikitext2", "c4")}
+    builder = SuiteBuilder(lm.tokenizer, pools, seed=CALIBRATION_SEED)
+    return [dataclasses.replace(it, key="calibration/" + it.key)
+            for it in _items(builder, lm.tokenizer, tasks, length, samples)]
+
+
+def largest_shared(evaluation: list[Item], calibration: list[Item]) -> float:
+    """The largest share of an evaluation prompt's 16-token runs found in any calibration prompt (evaluation/
+    overlap.py); the tasks' shared instruction and answer templates alone are a few percent."""
+    cal = np.unique(np.concatenate([ngram_hashes(torch.tensor(it.ids)).ravel() for it in calibration]))
+    shares = [float(np.isin(ngram_hashes(torch.tensor(it.ids)), cal).mean()) for it in evaluation
+              if len(it.ids) >= NGRAM]
+    return max(shares, default=0.0)
+
+
+def choose_tail(opts: FrontierOptions, lm, row: Row, tails: list[int], items: list[Item],
+                settings: dict[str, Any]) -> tuple[int, dict[int, float]]:
+    """The tail W (always-updated last tokens) with the best mean score on calibration prompts for this row's plan
+    (ties: the shortest); returns W and every candidate's score."""
+    sel = row.plan.selection
+    variants = [Row(f"{row.name} [+recent={w}]", row.method, row.level,
+                    dataclasses.replace(row.plan, selection=dataclasses.replace(sel, keep_recent=w))) for w in tails]
+    scores = _scores(opts, lm, variants, items, {**settings, "calibration": True})
+    means = {w: float(np.mean([r["score"] for r in scores[v.name].values()])) for w, v in zip(tails, variants)}
+    best = max(tails, key=lambda w: (means[w], -w))
+    return best, means
 
 
 def _items(builder: SuiteBuilder, tokenizer, tasks: list[str], length: int, samples: int) -> list[Item]:
@@ -199,6 +259,7 @@ def _points(rows: list[Row], scores: dict, times: dict[str, list[float]], arch: 
 def check(opts: FrontierOptions) -> tuple[list[int], list[str], list[float]]:
     """Bad options and missing plans are one-line errors before the model loads."""
     lengths, tasks, levels = parse_lengths(opts.lengths), parse_tasks(opts.tasks), _levels(opts.levels)
+    _tails(opts.tails)
     if opts.policies:
         parse_variants(opts.policies)
     for m in _methods(opts):
@@ -211,6 +272,7 @@ def check(opts: FrontierOptions) -> tuple[list[int], list[str], list[float]]:
 
 def run(opts: FrontierOptions) -> int:
     lengths, tasks, levels = check(opts)
+    tails = _tails(opts.tails)
     out = Path(opts.out)
     check_writable(out / "frontier.json", opts.overwrite)
     pools = load_pools(opts.data_dir)
@@ -230,6 +292,28 @@ def run(opts: FrontierOptions) -> int:
         rows = _rows(opts, lm, length, levels, print)
         items = _items(builder, lm.tokenizer, tasks, length, opts.samples)
         settings = {"tasks": tasks, "length": length, "samples": opts.samples, "seed": opts.seed}
+        chosen = {}
+        if tails:
+            calib = calibration_items(lm, tasks, length, opts.calib_samples, opts.data_dir)
+            shared = largest_shared(items, calib)
+            if shared > MAX_SHARED:
+                raise UserError(f"a calibration prompt shares {shared:.0%} of an evaluation prompt's text at {length} "
+                                "tokens: the tail would be chosen on evaluation text")
+            chosen["largest_shared_with_evaluation"] = round(shared, 4)
+            calib_settings = {"tasks": tasks, "length": length, "samples": opts.calib_samples,
+                              "seed": CALIBRATION_SEED}
+            for method in dict.fromkeys(r.method for r in rows if r.method in SELECTING):
+                top = max((r for r in rows if r.method == method and r.variant is None), key=lambda r: r.level)
+                w, means = choose_tail(opts, lm, top, tails, calib, calib_settings)
+                chosen[method] = {"tail": w, "calibration_scores": means, "chosen_on": top.name}
+                print(f"frontier: {method} at {length} tokens: tail W = {w} (calibration scores "
+                      + ", ".join(f"{k}: {v:.1f}" for k, v in means.items()) + ")", flush=True)
+                if w:
+                    rows += [Row(f"{r.name} [+recent={w}]", f"{method}[+recent={w}]", r.level,
+                                 dataclasses.replace(r.plan, selection=dataclasses.replace(r.plan.selection,
+                                                                                           keep_recent=w)),
+                                 variant=f"+recent={w}")
+                             for r in list(rows) if r.method == method and r.variant is None]
         scores = _scores(opts, lm, rows, items, settings)
         times = _times(lm, rows, items[0].ids, opts.repeats)
         points = _points(rows, scores, times, arch, length)
@@ -242,10 +326,12 @@ def run(opts: FrontierOptions) -> int:
         dense = points[0]
         result["lengths"][str(length)] = {
             "points": [{**p.to_dict(), "free": frontier.is_free(p, dense)} for p in points],
-            "free_speedups": frontier.free_speedups(points), "seconds": round(time.perf_counter() - t0, 1)}
+            "free_speedups": frontier.free_speedups(points), "tails": chosen,
+            "seconds": round(time.perf_counter() - t0, 1)}
         frontier.plot(points, length, out / f"frontier-{length}.png", f"{lm.name}: retrieval frontier at {length} "
                       "tokens")
         # every finished length is on disk: a stopped run keeps it (and the store keeps the scores)
+        result["complete"] = len(result["lengths"]) == len(lengths)
         atomic_write_text(out / "frontier.md", "\n".join(tables))
         write_json(out / "frontier.json", result, overwrite=True)
         print(tables[-1], flush=True)

@@ -321,6 +321,8 @@ class FrontierOptions(ModelOptions, StoreOptions):
     levels: str = field(default='0.05,0.1,0.15,0.2', metadata={"flag": "--levels", "kind": "value"})
     policies: str | None = field(default=None, metadata={"flag": "--policies", "kind": "value"})
     schedule_start: float | None = field(default=None, metadata={"flag": "--schedule-start", "kind": "value"})
+    tails: str | None = field(default=None, metadata={"flag": "--tails", "kind": "value"})
+    calib_samples: int = field(default=8, metadata={"flag": "--calib-samples", "kind": "value"})
     lengths: str = field(default='4k,8k', metadata={"flag": "--lengths", "kind": "value"})
     tasks: str = field(default='niah_single,niah_multikey', metadata={"flag": "--tasks", "kind": "value"})
     samples: int = field(default=10, metadata={"flag": "--samples", "kind": "value"})

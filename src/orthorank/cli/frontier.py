@@ -28,6 +28,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--schedule-start", type=finite_float, default=None,
                    help="share of the layers kept dense before a schedule selects (default: "
                         + ", ".join(f"{k} {v:g}" for k, v in DEFAULT_START.items()) + ")")
+    p.add_argument("--tails", default=None, metavar="W,W,...",
+                   help="candidate tails: each selecting method also gets rows that always update the prompt's last W "
+                        "tokens, W chosen on calibration prompts among these, e.g. 0,16,64,256 (default: none)")
+    p.add_argument("--calib-samples", type=positive_int, default=8,
+                   help="calibration prompts per task for choosing the tail (default %(default)s)")
     p.add_argument("--lengths", default="4k,8k",
                    help=f"prompt lengths: {', '.join(LENGTHS)} or N tokens (default %(default)s)")
     p.add_argument("--tasks", default="niah_single,niah_multikey",

@@ -23,8 +23,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="quick (a first run: minutes), standard (what the README reports), full (hours per model), "
                         "test (seconds on a tiny model: a smoke run of a new setup, no evidence) (default %(default)s)")
     p.add_argument("--stages", default=None,
-                   help=f"comma-separated subset of {', '.join(stage_names())} (default: all but transfer and "
-                        "policies, which take hours per model and run only when named)")
+                   help=f"comma-separated subset of {', '.join(stage_names())} (default: all but transfer, "
+                        "policies and long-prompt, which take hours per model and run only when named)")
     p.add_argument("--data-dir", default=None, help=DATA_DIR_HELP)
     p.add_argument("--store", default=None, help="result store (default: DIR/store)")
     p.add_argument("--summary", nargs="+", default=None, metavar="DIR",

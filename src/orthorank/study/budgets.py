@@ -91,6 +91,28 @@ class RouterBudget:
 
 
 @dataclass(frozen=True)
+class LongPromptBudget:
+    """The long-prompt stage: the retrieval frontier (`orthorank frontier`) at these lengths, every method at every
+    level, scored on the needle tasks and timed against dense at batch 1; tails chosen on calibration prompts."""
+
+    lengths: str = "4k,8k"
+    levels: tuple[float, ...] = (0.05, 0.1, 0.15, 0.2)
+    samples: int = 10  # per task
+    repeats: int = 5  # interleaved timing rounds per length
+    methods: str = "dense,sleb,shortgpt,orthorank,router,depth,progressive"
+    tasks: str = "niah_single,niah_multikey"
+    tails: str | None = "0,16,64,256"
+    calib_samples: int = 8
+    policies: str | None = "attention+window=64"
+
+    def frontier_options(self) -> dict[str, Any]:
+        """The stage's settings, as FrontierOptions fields."""
+        return {"lengths": self.lengths, "levels": ",".join(f"{s:g}" for s in self.levels), "samples": self.samples,
+                "repeats": self.repeats, "methods": self.methods, "tasks": self.tasks, "tails": self.tails,
+                "calib_samples": self.calib_samples, "policies": self.policies}
+
+
+@dataclass(frozen=True)
 class Budget:
     name: str
     levels: tuple[float, ...]  # sparsities of every plan and perplexity row
@@ -112,6 +134,7 @@ class Budget:
     decode_policies: bool = True  # the decode stage: continuation perplexity under each decode policy
     policies: PolicyBudget | None = None  # the policies stage (run only when asked for: hours per model)
     router: RouterBudget | None = None  # the router stage (None: skipped)
+    long_prompt: LongPromptBudget | None = None  # the long-prompt stage (run only when asked for: hours per model)
 
     def caption(self) -> str:
         return (f"budget {self.name}: perplexity on the first {self.ppl_windows} windows of {self.ppl_seq_len} tokens "
@@ -131,11 +154,12 @@ BUDGETS: dict[str, Budget] = {
     "standard": Budget("standard", (0.1, 0.2), (0.2,), 16, 512, 100, "1k", 6, 15, 1024, 4, True,
                        transfer=TransferBudget(ISSUE_SETTINGS, 32, 512, (0.1, 0.2)),
                        policies=PolicyBudget("1k,2k", 20, ("niah_single", "niah_multikey"), 8),
-                       router=RouterBudget()),
+                       router=RouterBudget(), long_prompt=LongPromptBudget()),
     "full": Budget("full", (0.1, 0.2), (0.1, 0.2), 128, 2048, 1000, "1k,2k,4k", 50, 9, 2048, 8, True,
                    transfer=TransferBudget(ISSUE_SETTINGS, 64, 2048, (0.1, 0.2)),
                    policies=PolicyBudget("1k,2k,4k", 50, ("niah_single", "niah_multikey"), 20),
-                   router=RouterBudget(64, 2048)),
+                   router=RouterBudget(64, 2048),
+                   long_prompt=LongPromptBudget("4k,8k,16k", (0.05, 0.1, 0.15, 0.2, 0.25), 25, 9)),
     # for tests and a smoke run of a new setup: every stage, seconds on a tiny model
     "test": Budget("test", (0.1, 0.2), (0.2,), 2, 64, 4, "512", 2, 6, 64, 1, False, 4,
                    {"calib_samples": 4, "seq_len": 64, "measure_speed": 0},
@@ -143,7 +167,9 @@ BUDGETS: dict[str, Budget] = {
                                   calib_seq_len=32, calibrate={"measure_speed": 0}),
                    policies=PolicyBudget("512", 1, ("niah_single",), 1, (0.2,), ("random", "oracle", "orthogonal+recent=8"),
                                          longbench_max_length=256),
-                   router=RouterBudget(4, 32, 1, ("update", "loss"))),
+                   router=RouterBudget(4, 32, 1, ("update", "loss")),
+                   long_prompt=LongPromptBudget("256", (0.2,), 1, 2, "dense,sleb,orthorank,depth,progressive",
+                                                "niah_single", "0,8", 1, None)),
 }
 
 

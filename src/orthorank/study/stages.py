@@ -22,6 +22,7 @@ from orthorank.api.options import (
     CalibrateOptions,
     CompareOptions,
     FitRouterOptions,
+    FrontierOptions,
     LongctxOptions,
     Options,
 )
@@ -232,6 +233,29 @@ STAGES: list[Stage] = [
           "long inputs per rule, and the long-input fix decided from the intervals", policies_output, policies_calls,
           lambda b: b.policies is not None, finish=finish_policies, optional=True),
 ]
+
+
+def _long_prompt_output(ctx: StudyContext) -> Path:
+    return ctx.out / "long-prompt" / "frontier.json"
+
+
+def _long_prompt_done(path: Path) -> bool:
+    """Finished when the frontier holds every length the budget asks for (it is rewritten after each length)."""
+    if not path.is_file():
+        return False
+    data = json.loads(path.read_text())
+    return data.get("complete") is True
+
+
+def _long_prompt_calls(ctx: StudyContext) -> list[Options]:
+    return [ctx.options(FrontierOptions, **ctx.budget.long_prompt.frontier_options(), plans_dir=str(ctx.plans_dir),
+                        out=str(ctx.out / "long-prompt"), overwrite=True)]
+
+
+STAGES.append(
+    Stage("long-prompt", "the retrieval frontier: measured prefill speed-up against the needle score per method and "
+          "level at long prompt lengths, each method's free speed-up", _long_prompt_output, _long_prompt_calls,
+          lambda b: b.long_prompt is not None, _long_prompt_done, optional=True))
 
 
 def stage_names(optional: bool = True) -> list[str]:
