@@ -246,3 +246,50 @@ def test_no_calibration_prompt_shares_text_with_an_evaluation_sample():
     shared = largest_shared(ev, cal)
     assert shared < 0.05 < MAX_SHARED, shared  # the tasks' templates only
     assert largest_shared(ev, ev) == 1.0  # the check sees copied text
+
+
+# -- the preset: chosen from frontier files, built for the prompt ---------------------------------------------------
+
+def _free(level, speed):
+    return {"point": f"x {level}", "level": level, "speedup": {"value": speed, "low": speed - 0.1, "high": speed + 0.1},
+            "compute": 0.1, "score": {"mean": 50.0}}
+
+
+def test_the_preset_is_the_best_free_speedup_across_models_and_lengths():
+    from orthorank.study.presets import choose, parse_family
+
+    a = {"model": "a", "lengths": {"4096": {"free_speedups": {"sleb": _free(0.05, 1.10), "depth[+recent=64]":
+                                                               _free(0.1, 1.30), "progressive": None}},
+                                   "8192": {"free_speedups": {"sleb": _free(0.1, 1.20), "depth[+recent=64]":
+                                                               _free(0.15, 1.25), "progressive": _free(0.2, 1.6)}}}}
+    b = {"model": "b", "lengths": {"8192": {"free_speedups": {"sleb": None, "depth[+recent=64]": _free(0.05, 1.12),
+                                                               "progressive": _free(0.1, 1.4)}}}}
+    preset = choose({"a": a, "b": b}, "long-prompt")
+    # progressive has no free point at 4k on model a (worth 1.0); depth with its tail is free everywhere
+    assert (preset.method, preset.tail, preset.policy, preset.level) == ("depth", 64, None, 0.05)
+    assert preset.evidence["worst_free_speedup"]["depth[+recent=64]"] == 1.12
+    assert parse_family("orthorank[attention+window=64]") == ("orthorank", "attention+window=64", 0)
+    none = choose({"b": {"model": "b", "lengths": {"8192": {"free_speedups": {"sleb": None}}}}}, "long-prompt")
+    assert none.method == "dense" and "no setting" in none.evidence["reason"]
+
+
+def test_a_preset_builds_its_plan_for_the_prompt_length_with_its_tail(tmp_path, monkeypatch, capsys, tiny_hf_folder):
+    import json
+
+    from cli_helpers import run_cli
+    from orthorank.method import presets
+    from orthorank.method.presets import Preset, preset_plan
+
+    arch = Arch(num_layers=30, hidden=576, heads=9, kv_heads=3, head_dim=64, ffn=1536, vocab=49152)
+    preset = Preset("long-prompt", "depth", 0.1, 16)
+    plan = preset_plan(preset, "m", {"num_layers": 30}, arch, 4096)
+    assert plan.selection.keep_recent == 16 and plan.provenance["preset"] == "long-prompt"
+    assert abs(plan.compute_sparsity(arch, 4096) - compute_sparsity(arch, 4096, "prune", 3)) < 2e-3
+    monkeypatch.setattr(presets, "PRESET_DIR", tmp_path)
+    (tmp_path / "long-prompt.json").write_text(json.dumps(Preset("long-prompt", "progressive", 0.2).to_dict()))
+    code, out, err = run_cli(capsys, "generate", "--model", str(tiny_hf_folder), "--preset", "long-prompt",
+                             "--prompt", "The quick brown fox jumps over the lazy dog " * 4, "--max-new-tokens", "3")
+    assert code == 0, err
+    assert "preset long-prompt: progressive at 0.2" in err
+    assert_user_error(capsys, "unknown preset 'nope'; choose one of long-prompt", "generate", "--model",
+                      str(tiny_hf_folder), "--preset", "nope", "--prompt", "hi")

@@ -252,7 +252,7 @@ def _points(rows: list[Row], scores: dict, times: dict[str, list[float]], arch: 
         points.append(frontier.Point(
             row.name, row.method, round(compute, 6),
             {"value": sp.value, "low": sp.low, "high": sp.high, "n": sp.n}, summary,
-            layers=len(row.plan.layers), extra={"plan": row.applied().to_dict(), "times_s": times[row.name]}))
+            layers=len(row.plan.layers), level=row.level, extra={"plan": row.applied().to_dict(), "times_s": times[row.name]}))
     return points
 
 

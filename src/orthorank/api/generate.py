@@ -10,11 +10,18 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from orthorank.api.common import check_memory, check_plan_options, load_model_from_options, plan_for, saved_plan_path
+from orthorank.api.common import (
+    check_memory, check_plan_options, expected_model_name, load_model_from_options, plan_for, saved_plan_file,
+    saved_plan_path,
+)
 from orthorank.api.options import GenerateOptions
 from orthorank.errors import UserError
 from orthorank.evaluation.generation import generate_rows
 from orthorank.method.apply import apply_plan, restore_dense
+from orthorank.method.cost import Arch
+from orthorank.method.plan import Plan
+from orthorank.method.presets import Preset, load_preset, preset_plan
+from orthorank.method.schedules import SCHEDULES
 from orthorank.models.loading import check_context
 from orthorank.results import check_writable, write_json
 
@@ -49,16 +56,50 @@ def encode(tokenizer, prompts: list[str], chat: bool) -> list[list[int]]:
     return [tokenizer(p).input_ids for p in prompts]
 
 
+def _preset(opts: GenerateOptions) -> Preset | None:
+    """--preset NAME, checked before the model loads: it replaces --method/--plan, and a preset of a method with
+    saved plans needs them."""
+    if opts.preset is None:
+        return None
+    if opts.method != "dense" or opts.plan or opts.layers or opts.sparsity is not None:
+        raise UserError("--preset chooses the plan: leave out --method, --plan, --layers and --sparsity")
+    preset = load_preset(opts.preset)
+    if preset.method not in ("dense", *SCHEDULES):
+        _preset_saved(opts, preset)
+    return preset
+
+
+def _preset_saved(opts: GenerateOptions, preset: Preset, model_name: str | None = None) -> Plan:
+    name = model_name or expected_model_name(opts.model)
+    for level in (0.2, 0.1):
+        try:
+            return Plan.load(saved_plan_file(name, preset.method, level, opts.plans_dir, check=False))
+        except UserError:
+            continue
+    raise UserError(f"the {preset.name} preset uses {preset.method}, and {name} has no saved {preset.method} plan; "
+                    f"run `orthorank calibrate --method {preset.method}` first")
+
+
 def run(opts: GenerateOptions) -> int:
     check_writable(opts.json_out, opts.overwrite)
-    check_plan_options(opts)
+    preset = _preset(opts)
+    if preset is None:
+        check_plan_options(opts)
     prompts = read_prompts(opts)
-    saved = saved_plan_path(opts)
+    saved = saved_plan_path(opts) if preset is None else None
     lm = load_model_from_options(opts)
     if lm.tokenizer is None:
         raise UserError(f"{opts.model} is a random-weight shape; generation needs a real model with a tokenizer")
-    plan = plan_for(opts, lm, saved)
     rows = encode(lm.tokenizer, prompts, opts.chat)
+    if preset is None:
+        plan = plan_for(opts, lm, saved)
+    else:  # built for the longest prompt: the schedule's compute is matched at that length
+        base = _preset_saved(opts, preset, lm.name) if preset.method not in ("dense", *SCHEDULES) else None
+        plan = preset_plan(preset, lm.name, lm.signature(), Arch.from_config(lm.config, lm.num_layers),
+                           max(map(len, rows)), base)
+        print(f"preset {preset.name}: {preset.method}" + (f" at {preset.level:g}" if preset.level else "")
+              + (f", always updating the last {preset.tail} tokens" if preset.tail else "")
+              + f" ({len(plan.layers)} layers changed)", file=sys.stderr)
     for r in rows:
         check_context(lm.model, len(r) + opts.max_new_tokens)
     check_memory(lm, min(opts.batch_size, len(rows)), max(map(len, rows)),

@@ -277,6 +277,7 @@ class GenerateOptions(ModelOptions, SelectionOptions):
     plan: str | None = field(default=None, metadata={"flag": "--plan", "kind": "value"})
     sparsity: float | None = field(default=None, metadata={"flag": "--sparsity", "kind": "value"})
     plans_dir: str | None = field(default=None, metadata={"flag": "--plans-dir", "kind": "value"})
+    preset: str | None = field(default=None, metadata={"flag": "--preset", "kind": "value"})
     prompt: str | None = field(default=None, metadata={"flag": "--prompt", "kind": "value"})
     file: str | None = field(default=None, metadata={"flag": "--file", "kind": "value"})
     max_new_tokens: int = field(default=64, metadata={"flag": "--max-new-tokens", "kind": "value"})

@@ -18,6 +18,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_args(p)
     add_plan_args(p, methods=("dense", "prune", *saved()), saved=True)
+    p.add_argument("--preset", default=None, metavar="NAME",
+                   help="a setting chosen by the evidence, e.g. long-prompt (docs/long-prompts.md); it replaces "
+                        "--method/--plan (default: none)")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="one prompt (required: --prompt or --file)")
     src.add_argument("--file", help="a text file of prompts, one per line; batched with left padding (required: "

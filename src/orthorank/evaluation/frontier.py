@@ -23,6 +23,7 @@ class Point:
     speedup: dict[str, float]  # {"value", "low", "high", "n"}: dense time / row time, paired rounds
     score: dict[str, Any]  # {"mean", "low", "high", "n", "diff": {"value", "low", "high"}} in points (%)
     layers: int = 0  # layers the plan changes
+    level: float | None = None  # the level s it was built for (None: dense)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -54,7 +55,8 @@ def free_speedups(points: list[Point]) -> dict[str, dict[str, Any] | None]:
             continue
         best.setdefault(p.method, None)
         if is_free(p, dense) and (best[p.method] is None or p.speedup["value"] > best[p.method]["speedup"]["value"]):
-            best[p.method] = {"point": p.name, "speedup": p.speedup, "compute": p.compute, "score": p.score}
+            best[p.method] = {"point": p.name, "level": p.level, "speedup": p.speedup, "compute": p.compute,
+                              "score": p.score}
     return best
 
 

@@ -1,0 +1,91 @@
+"""Presets: a setting chosen by the evidence, which a user picks by name (`generate --preset long-prompt`).
+
+A preset names a method (a schedule of method/schedules.py or a method with saved plans), a level s (the compute of
+removing ceil(s L) layers, at the prompt's own length) and a tail W (the prompt's last W tokens always updated). It
+is never typed by hand: `python -m orthorank.study.presets` chooses it from committed frontier files (the method and
+level with the best free speed-up across every model and length measured) and writes
+src/orthorank/presets/<name>.json with the numbers it rests on. Where no setting is free anywhere, the preset is
+dense, and says why.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from orthorank.errors import UserError
+from orthorank.method.cost import Arch, compute_sparsity
+from orthorank.method.plan import Plan
+from orthorank.method.policies import parse_variant
+from orthorank.method.schedules import SCHEDULES, schedule_plan
+
+PRESET_DIR = Path(__file__).resolve().parent.parent / "presets"
+PRESET_FORMAT = "orthorank-preset/1"
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    method: str  # "dense", a schedule (SCHEDULES) or a method with saved plans whose search order gives its levels
+    level: float | None = None
+    tail: int = 0  # always-updated last tokens of the prompt (within K)
+    policy: str | None = None  # a policy variant on its selection layers (method/policies.parse_variant)
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": PRESET_FORMAT, **dataclasses.asdict(self)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str) -> "Preset":
+        if not isinstance(data, dict) or data.get("format") != PRESET_FORMAT:
+            raise UserError(f"{source} is not an orthorank preset")
+        data = {k: v for k, v in data.items() if k != "format"}
+        try:
+            return cls(**data)
+        except TypeError as exc:
+            raise UserError(f"{source} is malformed: {exc}") from None
+
+
+def available() -> list[str]:
+    return sorted(p.stem for p in PRESET_DIR.glob("*.json"))
+
+
+def load_preset(name: str) -> Preset:
+    path = PRESET_DIR / f"{name}.json"
+    if not path.is_file():
+        raise UserError(f"unknown preset {name!r}; choose one of {', '.join(available()) or '(none yet)'}")
+    return Preset.from_dict(json.loads(path.read_text()), f"preset file {path}")
+
+
+def preset_plan(preset: Preset, model: str, signature: dict[str, Any], arch: Arch, prompt_len: int,
+                saved: Plan | None = None) -> Plan:
+    """The preset's plan for a model at a prompt length. `saved`: the method's saved plan (its search order), for
+    methods that are not schedules."""
+    if preset.method == "dense":
+        return Plan("dense", [], model, signature)
+    L = arch.num_layers
+    removed = min(L - 1, math.ceil(preset.level * L - 1e-9))
+    target = compute_sparsity(arch, prompt_len, "prune", removed)
+    if preset.method in SCHEDULES:
+        plan = schedule_plan(preset.method, model, signature, arch, target, prompt_len)
+    else:
+        if saved is None or not saved.provenance.get("order"):
+            raise UserError(f"the {preset.name} preset needs the saved {preset.method} plan of this model")
+        order = [int(i) for i in saved.provenance["order"]]
+        if saved.method == "prune":
+            layers = order[:removed]
+        else:
+            best = min(range(1, len(order) + 1), key=lambda k: abs(dataclasses.replace(
+                saved, layers=sorted(order[:k])).compute_sparsity(arch, prompt_len) - target))
+            layers = order[:best]
+        plan = dataclasses.replace(saved, layers=sorted(layers), target_sparsity=None)
+    if plan.selection is not None:
+        change = parse_variant(preset.policy) if preset.policy else {}
+        if preset.tail:
+            change["keep_recent"] = preset.tail
+        plan = dataclasses.replace(plan, selection=dataclasses.replace(plan.selection, **change))
+    return dataclasses.replace(plan, provenance={**plan.provenance, "preset": preset.name})

@@ -1,0 +1,91 @@
+"""Choose a preset from committed frontier files (method/presets.py): the setting with the best free speed-up across
+every model and length measured, its level the lowest at which it was free on each.
+
+    python -m orthorank.study.presets studies/smollm2-135m/long-prompt/frontier.json \\
+        studies/gemma3-270m/long-prompt/frontier.json --name long-prompt
+
+A candidate is a method as the frontier names its rows: "depth", "orthorank[attention+window=64]" (a policy
+variant), "depth[+recent=64]" (a tail chosen on calibration prompts). Its worth is its smallest free speed-up over
+the files and lengths (no free point: 1.0, nothing gained); the winner must beat 1.0 there, else the preset is dense.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from orthorank.errors import UserError
+from orthorank.method.presets import PRESET_DIR, Preset
+from orthorank.results import atomic_write_text
+
+
+def parse_family(family: str) -> tuple[str, str | None, int]:
+    """"depth[+recent=64]" -> ("depth", None, 64); "orthorank[attention+window=64]" -> ("orthorank",
+    "attention+window=64", 0)."""
+    base, _, rest = family.partition("[")
+    spec = rest.rstrip("]")
+    if spec.startswith("+recent="):
+        return base, None, int(spec.split("=", 1)[1])
+    return base, spec or None, 0
+
+
+def choose(frontiers: dict[str, dict[str, Any]], name: str) -> Preset:
+    """frontiers: {label (e.g. the model): frontier.json contents}."""
+    settings = [(label, length, entry) for label, data in frontiers.items()
+                for length, entry in data["lengths"].items()]
+    if not settings:
+        raise UserError("no frontier length to choose a preset from")
+    families = sorted({f for _, _, e in settings for f in e["free_speedups"]})
+    worth: dict[str, float] = {}
+    for f in families:
+        values = []
+        for _, _, entry in settings:
+            best = entry["free_speedups"].get(f)
+            values.append(best["speedup"]["value"] if best else 1.0)
+        worth[f] = min(values)
+    ranked = sorted(worth.items(), key=lambda kv: -kv[1])
+    table = {f: round(v, 4) for f, v in ranked}
+    where = [f"{label} at {length} tokens" for label, length, _ in settings]
+    if not ranked or ranked[0][1] <= 1.0:
+        return Preset(name, "dense", evidence={"reason": "no setting gives a free speed-up on every model and length "
+                                               "measured", "measured": where, "worst_free_speedup": table})
+    family = ranked[0][0]
+    method, policy, tail = parse_family(family)
+    levels = [entry["free_speedups"][family]["level"] for _, _, entry in settings]
+    per_setting = {f"{label} {length}": entry["free_speedups"][family] for label, length, entry in settings}
+    return Preset(name, method, min(levels), tail, policy,
+                  evidence={"chosen": family, "worst_free_speedup": table, "measured": where,
+                            "free_points": {k: {"point": v["point"], "level": v["level"], "speedup": v["speedup"],
+                                                "score_mean": v["score"]["mean"]} for k, v in per_setting.items()}})
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m orthorank.study.presets", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("frontiers", nargs="+", help="frontier.json files (one per model)")
+    p.add_argument("--name", default="long-prompt", help="the preset's name (default %(default)s)")
+    p.add_argument("--out", default=None, help="the preset file (default: src/orthorank/presets/NAME.json)")
+    args = p.parse_args(argv)
+    try:
+        data = {}
+        for f in args.frontiers:
+            d = json.loads(Path(f).read_text())
+            data[f"{d['model']} ({f})"] = d
+        preset = choose(data, args.name)
+    except (OSError, json.JSONDecodeError, KeyError, UserError) as exc:
+        print(f"presets: error: {exc}", file=sys.stderr)
+        return 2
+    out = Path(args.out) if args.out else PRESET_DIR / f"{args.name}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out, json.dumps(preset.to_dict(), indent=1) + "\n")
+    print(f"{args.name}: {preset.method}" + (f" at {preset.level:g}" if preset.level else "")
+          + (f", tail {preset.tail}" if preset.tail else "") + (f", policy {preset.policy}" if preset.policy else "")
+          + f" -> {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
