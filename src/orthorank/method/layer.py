@@ -247,6 +247,7 @@ class SelectiveLayer:
         self._hidden: torch.Tensor | None = None  # the residual stream entering the layer, for the policy
         self._given: torch.Tensor | None = None  # the per-token quantity a policy ranks by, during its selection
         self._prev_input: torch.Tensor | None = None  # prev-update: the previous layer's input (a hook sets it)
+        self._chunk_kv: tuple | None = None  # (attention input, K, V) the attention policy computed for this call
         self.rule = config.rule  # the policy object (method/policies.py)
         # this layer's fitted parameters (the router's): a plan without them for this layer is refused here
         self._fitted = config.fitted.layer(layer_index) if FITTED in self.rule.needs else None
@@ -367,6 +368,7 @@ class SelectiveLayer:
             return self._forward(hidden_states, *args, **kwargs)
         finally:
             self._hidden = None  # the layer's input is the policy's only while it chooses: not kept past the call
+            self._chunk_kv = None
 
     def _forward(self, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         layer, cfg = self.layer, self.config
@@ -556,7 +558,8 @@ class SelectiveLayer:
         W = min(self.config.attention_window or ATTENTION_WINDOW, T)
         cos, sin = pos_emb
         q = adapter.rope(attn, adapter.queries(attn, x[:, T - W:]), cos[:, T - W:], sin[:, T - W:])
-        k, _ = self._keys_values(x, pos_emb)  # [B, Hkv, T, d]
+        k, v = self._keys_values(x, pos_emb)  # [B, Hkv, T, d]
+        self._chunk_kv = (x, k, v)  # the selective call's attention reuses them (one K/V projection per layer)
         if past > 0 and cache is not None:
             layer_cache = cache.layers[attn.layer_idx] if hasattr(cache, "layers") else None
             cached = getattr(layer_cache, "keys", None)
@@ -642,7 +645,11 @@ class SelectiveLayer:
             # hidden_states: the attention input of the selected rows [B, K, D]; position_embeddings: theirs
             cos_q, sin_q = kwargs.get("position_embeddings", args[0] if args else None)
             q = adapter.rope(attn, adapter.queries(attn, hidden_states), cos_q, sin_q)  # [B, K, H, d]
-            k, v = self._keys_values(call.x, call.pos_emb)  # [B, Hkv, T, d]
+            kept = self._chunk_kv
+            if kept is not None and kept[0] is call.x:
+                k, v = kept[1], kept[2]
+            else:
+                k, v = self._keys_values(call.x, call.pos_emb)  # [B, Hkv, T, d]
             if call.cache is not None:
                 k, v = call.cache.update(k, v, attn.layer_idx)  # complete cache: every token's K/V
             B, T = call.x.shape[:2]
