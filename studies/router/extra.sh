@@ -4,7 +4,8 @@
 # the offline long-context suite at 20% (the winning router plan of each model against SLEB), then prefill speed of
 # Gemma's router plans at 1k and 4k (8k takes about 20 minutes more on 2 cores). Resumable: finished steps are
 # skipped. Evaluation windows are windows 33-48 of 512 tokens as in evidence.sh; no fit reads them.
-#   studies/router/extra.sh [STEP ...]    (default: study seeds transfer zeroshot longctx bench; gemma-seeds when named)
+#   studies/router/extra.sh [STEP ...]    (default: study seeds transfer zeroshot longctx bench; gemma-seeds and
+#   gemma-transfer when named)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 O=${O:-.venv/bin/orthorank}
@@ -48,6 +49,23 @@ if want gemma-seeds; then  # Gemma 3 270M's 20% router (on the hybrid plan's lay
     cp -n plans/$g/sleb-0.2.json $d/plans/
     [ -f $d/compare/compare.json ] || $O compare --model $g --methods sleb,router-hybrid --sparsity 0.2 "${EVAL[@]}" \
       --batch-size 2 --plans-dir $d/plans --out $d/compare --overwrite 2> $d/compare.log
+  done
+fi
+
+if want gemma-transfer; then  # Gemma 3 270M: the router refitted on each calibration source, the hybrid plan's layers
+  # and removals held fixed (per-source hybrid searches take hours each on 2 cores), evaluated on every domain against
+  # the committed SLEB (mix 8K): does the router overfit the text it is fitted on?
+  g=gemma3-270m
+  for src in c4 wikitext2 code mix; do
+    d=studies/router/$g/transfer/$src-8k
+    mkdir -p $d/plans
+    cp -n plans/$g/sleb-0.2.json plans/$g/hybrid-0.2.json $d/plans/
+    [ -f $d/plans/router-hybrid-0.2.json ] || { $O fit-router --model $g --plan plans/$g/hybrid-0.2.json \
+        --calib-data $src --json $d/plans/router-hybrid-0.2.json.tmp --overwrite --iterations 2 --batch-size 2 \
+        --calib-samples 16 --dtype bfloat16 --threads 2 --match-compute-of plans/$g/sleb-0.2.json --cost-seq-len 512 \
+        > $d/fit.json 2> $d/fit.log && mv $d/plans/router-hybrid-0.2.json.tmp $d/plans/router-hybrid-0.2.json; }
+    [ -f $d/compare/compare.json ] || $O compare --model $g --methods sleb,hybrid,router-hybrid --sparsity 0.2 \
+      "${EVAL[@]}" --batch-size 2 --plans-dir $d/plans --out $d/compare --overwrite 2> $d/compare.log
   done
 fi
 
