@@ -293,3 +293,32 @@ def test_a_preset_builds_its_plan_for_the_prompt_length_with_its_tail(tmp_path, 
     assert "preset long-prompt: progressive at 0.2" in err
     assert_user_error(capsys, "unknown preset 'nope'; choose one of long-prompt", "generate", "--model",
                       str(tiny_hf_folder), "--preset", "nope", "--prompt", "hi")
+
+
+@pytest.mark.data
+def test_frontier_end_to_end_on_a_tiny_model_with_longbench_on_the_free_points(capsys, tiny_hf_folder, tmp_path):
+    import json
+
+    from cli_helpers import run_cli
+    from orthorank.evaluation.frontier import Point, is_free
+
+    args = ["frontier", "--model", str(tiny_hf_folder), "--methods", "dense,depth,progressive", "--levels", "0.2",
+            "--lengths", "256", "--tasks", "niah_single", "--samples", "2", "--repeats", "2", "--threads", "1",
+            "--longbench", "1", "--longbench-new-tokens", "4", "--store", str(tmp_path / "store"),
+            "--out", str(tmp_path / "f")]
+    code, out, err = run_cli(capsys, *args)
+    assert code == 0, err
+    data = json.loads((tmp_path / "f" / "frontier.json").read_text())
+    entry = data["lengths"]["256"]
+    dense = entry["points"][0]
+    assert dense["method"] == "dense" and data["complete"]
+    for p in entry["points"]:
+        point = Point(p["name"], p["method"], p["compute"], p["speedup"], p["score"], level=p["level"])
+        assert p["free"] == is_free(point, Point("dense", "dense", 0.0, dense["speedup"], dense["score"]))
+        assert p["ideal_speedup"] == pytest.approx(1 / (1 - p["compute"]), rel=1e-3)
+        assert len(p["extra"]["times_s"]) == 2
+    assert "dense" in entry["longbench"]["rows"] and entry["longbench"]["new_tokens"] == 4
+    assert "LongBench multi_news on the free points" in (tmp_path / "f" / "frontier.md").read_text()
+    stored = sorted((tmp_path / "store").rglob("e-*.json"))
+    code, out, err = run_cli(capsys, *args, "--overwrite")  # every generation comes back from the store
+    assert code == 0 and sorted((tmp_path / "store").rglob("e-*.json")) == stored

@@ -34,7 +34,8 @@ from orthorank.errors import UserError, comma_items
 from orthorank.evaluation import frontier
 from orthorank.evaluation.compare import policy_plans
 from orthorank.evaluation.longctx import Item, Row, longctx_key, run_row, summarize
-from orthorank.evaluation.data import load_calibration_text
+from orthorank.evaluation.data import find_data_dir, load_calibration_text
+from orthorank.evaluation.longbench import build_prompt_ids, load_task, score_prediction, stop_tokens
 from orthorank.evaluation.longctx_suite import (
     SuiteBuilder, load_pools, parse_lengths, parse_tasks, score, split_sentences,
 )
@@ -256,6 +257,56 @@ def _points(rows: list[Row], scores: dict, times: dict[str, list[float]], arch: 
     return points
 
 
+def _longbench_dir(opts: FrontierOptions) -> Path:
+    root = find_data_dir(opts.data_dir)
+    folder = Path(opts.longbench_dir) if opts.longbench_dir else (Path(root) / "longbench" if root else None)
+    if folder is None or not folder.is_dir():
+        raise UserError("--longbench: LongBench files not found: pass --longbench-dir (a folder of <task>.jsonl and "
+                        "config/)")
+    return folder
+
+
+def _longbench_check(opts: FrontierOptions, lm, rows: list[Row], points: list, length: int) -> dict[str, Any]:
+    """LongBench on the free points: dense and, per method, the row of its free speed-up, on the first N examples of
+    one task, middle-truncated to the frontier's length (LongBench's own truncation), paired with dense."""
+    task = load_task(_longbench_dir(opts), opts.longbench_task, opts.longbench)
+    new = min(task.max_new_tokens, opts.longbench_new_tokens or task.max_new_tokens)
+    items = [Item(f"{task.name}/{i:05d}", build_prompt_ids(lm.tokenizer, task, row, length - new, chat=True), new,
+                  lambda text, t=task.base, r=row: score_prediction(t, text, r["answers"], r["all_classes"]),
+                  stop_tokens(lm.tokenizer, task)) for i, row in enumerate(task.rows)]
+    free = {b["point"] for b in frontier.free_speedups(points).values() if b is not None}
+    chosen = [r for r in rows if r.method == "dense" or r.name in free]
+    settings = {"task": task.name, "limit": opts.longbench, "max_length": length - new, "chat": True,
+                "new_tokens": new}
+    scores = {}
+    store = store_from_options(opts)
+    fp = model_fingerprint(lm.model) if store is not None else None
+    settings = {**settings, "items": digest([[it.key, it.ids, it.max_new_tokens] for it in items])}
+    for row in chosen:
+        ns = store.namespace("longctx", longctx_key(lm.model, row.applied(), "longbench-v1", settings, fp)) \
+            if store is not None else None
+        scores[row.name] = run_row(lm, row, items, ns, opts.batch_size)
+    dense = [scores["dense"][k]["score"] for k in sorted(scores["dense"])]
+    out = {"task": task.name, "examples": len(items), "new_tokens": new, "task_new_tokens": task.max_new_tokens,
+           "prompt_tokens": [len(it.ids) for it in items], "rows": {}}
+    for row in chosen:
+        vals = [scores[row.name][k]["score"] for k in sorted(scores[row.name])]
+        out["rows"][row.name] = summarize({"all": vals}, None if row.method == "dense" else {"all": dense})["all"]
+    return out
+
+
+def _longbench_table(check: dict[str, Any]) -> str:
+    lines = ["", f"LongBench {check['task']} on the free points: first {check['examples']} examples, middle-truncated "
+             f"to this length ({min(check['prompt_tokens'])}-{max(check['prompt_tokens'])} prompt tokens), "
+             f"{check['new_tokens']} new tokens at most (the task's own: {check['task_new_tokens']}); score in %, "
+             "paired with dense, 95% bootstrap intervals", "",
+             "| row | score [95% CI] | vs dense (points) [95% CI] |", "|---|---|---|"]
+    for name, e in check["rows"].items():
+        diff = "-" if "diff" not in e else frontier._iv(e["diff"], spec="+.1f")
+        lines.append(f"| {name} | {frontier._iv(e, 'mean', '.1f')} | {diff} |")
+    return "\n".join(lines) + "\n"
+
+
 def check(opts: FrontierOptions) -> tuple[list[int], list[str], list[float]]:
     """Bad options and missing plans are one-line errors before the model loads."""
     lengths, tasks, levels = parse_lengths(opts.lengths), parse_tasks(opts.tasks), _levels(opts.levels)
@@ -265,6 +316,8 @@ def check(opts: FrontierOptions) -> tuple[list[int], list[str], list[float]]:
     for m in _methods(opts):
         if m not in ("dense", *SCHEDULES):
             _saved_order(opts, expected_model_name(opts.model), m)
+    if opts.longbench:
+        load_task(_longbench_dir(opts), opts.longbench_task, 1)
     if opts.repeats < 2:
         raise UserError("--repeats must be at least 2: a speed-up interval needs paired rounds")
     return lengths, tasks, levels
@@ -324,9 +377,13 @@ def run(opts: FrontierOptions) -> int:
                    "dense FLOPs skipped at this length; free = no loss against dense the sample shows")
         tables.append(frontier.table(points, length, caption))
         dense = points[0]
+        longbench = None
+        if opts.longbench:
+            longbench = _longbench_check(opts, lm, rows, points, length)
+            tables[-1] += _longbench_table(longbench)
         result["lengths"][str(length)] = {
             "points": [{**p.to_dict(), "free": frontier.is_free(p, dense)} for p in points],
-            "free_speedups": frontier.free_speedups(points), "tails": chosen,
+            "free_speedups": frontier.free_speedups(points), "tails": chosen, "longbench": longbench,
             "seconds": round(time.perf_counter() - t0, 1)}
         frontier.plot(points, length, out / f"frontier-{length}.png", f"{lm.name}: retrieval frontier at {length} "
                       "tokens")

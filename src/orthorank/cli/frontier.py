@@ -38,6 +38,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tasks", default="niah_single,niah_multikey",
                    help=f"offline-suite tasks, from {', '.join(TASKS)} (default %(default)s)")
     p.add_argument("--samples", type=positive_int, default=10, help="samples per task (default %(default)s)")
+    p.add_argument("--longbench", type=positive_int, default=None, metavar="N",
+                   help="also score dense and each method's free point on the first N examples of a LongBench task "
+                        "(default: none)")
+    p.add_argument("--longbench-task", default="multi_news", help="that task (default %(default)s)")
+    p.add_argument("--longbench-new-tokens", type=positive_int, default=None,
+                   help="cap on its new tokens, said in the table (default: the task's own)")
+    p.add_argument("--longbench-dir", default=None,
+                   help="LongBench files (default: longbench/ in --data-dir or ../shared/data)")
     p.add_argument("--repeats", type=positive_int, default=5,
                    help="interleaved timing rounds per length, after one warm-up round (default %(default)s)")
     p.add_argument("--plans-dir", default=None,
