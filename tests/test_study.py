@@ -173,6 +173,7 @@ def test_study_end_to_end_resumes_and_summarizes(capsys, tiny_long_folder, tmp_p
     assert set(front["lengths"]["256"]["free_speedups"]) == {p["method"] for p in points} - {"dense"}
     assert front["lengths"]["256"]["tails"]["largest_shared_with_evaluation"] < 0.2
     assert (out / "long-prompt" / "frontier-256.png").is_file()
+    assert "Long prompts: the retrieval frontier" in (out / "report.html").read_text()
 
     import browser_check
 

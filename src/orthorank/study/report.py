@@ -41,6 +41,8 @@ SECTIONS = [
     ("transfer", "Transfer: plans calibrated on one source, evaluated on every domain", ["transfer.md"],
      ["transfer-*.png"]),
     ("policies", "Selection policies: the oracle's headroom and long inputs per rule", ["policies.md"], []),
+    ("long-prompt", "Long prompts: the retrieval frontier (prefill speed-up against needle score, free speed-ups)",
+     ["frontier.md"], ["frontier-*.png"]),
     ("sink", "Attention-sink analysis", [], ["*.png"]),
 ]
 
