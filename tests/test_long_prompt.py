@@ -318,6 +318,8 @@ def test_frontier_end_to_end_on_a_tiny_model_with_longbench_on_the_free_points(c
         assert p["ideal_speedup"] == pytest.approx(1 / (1 - p["compute"]), rel=1e-3)
         assert len(p["extra"]["times_s"]) == 2
     assert "dense" in entry["longbench"]["rows"] and entry["longbench"]["new_tokens"] == 4
+    saved = sorted(p.name for p in (tmp_path / "f" / "plans").iterdir())
+    assert saved == ["256-depth-0.2.json", "256-progressive-0.2.json"] or "256-progressive-0.2.json" in saved
     assert "LongBench multi_news on the free points" in (tmp_path / "f" / "frontier.md").read_text()
     stored = sorted((tmp_path / "store").rglob("e-*.json"))
     code, out, err = run_cli(capsys, *args, "--overwrite")  # every generation comes back from the store

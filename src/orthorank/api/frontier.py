@@ -242,6 +242,10 @@ def _times(lm, rows: list[Row], ids: list[int], repeats: int) -> dict[str, list[
     return interleaved_rounds([r.name for r in rows], time_one, repeats, warmup=1, on_round=progress)
 
 
+def _file_name(name: str) -> str:
+    return "".join(c if c.isalnum() or c in ".-" else "-" for c in name).strip("-").replace("--", "-")
+
+
 def _points(rows: list[Row], scores: dict, times: dict[str, list[float]], arch: Arch, length: int) -> list:
     dense_scores = [scores["dense"][k]["score"] for k in sorted(scores["dense"])]
     points = []
@@ -336,7 +340,7 @@ def run(opts: FrontierOptions) -> int:
         check_context(lm.model, length)
     arch = Arch.from_config(lm.config, lm.num_layers)
     builder = SuiteBuilder(lm.tokenizer, pools, seed=opts.seed)
-    out.mkdir(parents=True, exist_ok=True)
+    (out / "plans").mkdir(parents=True, exist_ok=True)
     result: dict[str, Any] = {"command": "frontier", "model": lm.name, "tasks": tasks, "samples": opts.samples,
                               "levels": levels, "repeats": opts.repeats, "lengths": {}}
     tables = []
@@ -370,6 +374,8 @@ def run(opts: FrontierOptions) -> int:
         scores = _scores(opts, lm, rows, items, settings)
         times = _times(lm, rows, items[0].ids, opts.repeats)
         points = _points(rows, scores, times, arch, length)
+        for row in rows[1:]:  # every row's plan, for `bench --plan FILE --profile` and `generate --plan FILE`
+            row.applied().save(out / "plans" / f"{length}-{_file_name(row.name)}.json", overwrite=True)
         caption = (f"{lm.name}, {length} tokens: score = mean accuracy (%) on {', '.join(tasks)}, {opts.samples} "
                    f"samples per task ({len(items)} items, offline suite seed {opts.seed}), paired with dense, 95% "
                    f"bootstrap intervals; speed-up = time to first token of dense / the row's, batch 1, median of "
