@@ -74,6 +74,12 @@ COMMANDS: dict[str, tuple[list[str], dict[str, list[str]]]] = {
                    "--tasks", "multi_news"], {
         "--tasks": ["multi_news", "bogus"], "--limit": SMALL, "--data-dir": ["{tmp}/none", "{tmp}"],
         "--max-length": ["64", "0", "x"], "--policies": VARIANTS}),
+    "frontier": (["--model", "{model}", "--out", "{tmp}/f", "--samples", "1", "--lengths", "256", "--no-store",
+                  "--tasks", "niah_single", "--methods", "dense", "--repeats", "2"], {
+        "--methods": ["dense", "dense,progressive", "dense,sleb", "bogus", "dense,hybrid"],
+        "--levels": ["0.2", "0.1,0.2", "x", "1.5", ""], "--lengths": ["256", "x", "10"],
+        "--tails": ["0,8", "x", "5", ""], "--policies": VARIANTS, "--repeats": ["2", "1", "0", "x"],
+        "--schedule-start": ["0.5", "1.5", "x"], "--plans-dir": ["{tmp}/none"]}),
     "study": (["--model", "{model}", "--out", "{tmp}/s"], {
         "--budget": ["bogus", "quick"], "--stages": ["bogus", "sink,bogus", ""], "--summary": ["{tmp}/none"]}),
 }
