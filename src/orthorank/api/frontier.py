@@ -360,7 +360,9 @@ def run(opts: FrontierOptions) -> int:
             calib_settings = {"tasks": tasks, "length": length, "samples": opts.calib_samples,
                               "seed": CALIBRATION_SEED}
             for method in dict.fromkeys(r.method for r in rows if r.method in SELECTING):
-                top = max((r for r in rows if r.method == method and r.variant is None), key=lambda r: r.level)
+                # at the method's lowest level: where it still retrieves, so candidates can differ (at its highest
+                # level every candidate may score 0, and the tie would always choose no tail)
+                top = min((r for r in rows if r.method == method and r.variant is None), key=lambda r: r.level)
                 w, means = choose_tail(opts, lm, top, tails, calib, calib_settings)
                 chosen[method] = {"tail": w, "calibration_scores": means, "chosen_on": top.name}
                 print(f"frontier: {method} at {length} tokens: tail W = {w} (calibration scores "
