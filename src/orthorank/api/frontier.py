@@ -46,7 +46,7 @@ from orthorank.method.cost import Arch, compute_sparsity
 from orthorank.method.plan import Plan
 from orthorank.method.policies import parse_variants
 from orthorank.method.registry import get_method, saved
-from orthorank.method.schedules import SCHEDULES, schedule_plan
+from orthorank.method.schedules import SCHEDULES, closest_prefix, saved_prefix, schedule_plan
 from orthorank.models.last_token import LastTokenForward
 from orthorank.models.loading import check_context, input_device
 from orthorank.results import atomic_write_text, check_writable, write_json
@@ -100,19 +100,15 @@ def _saved_order(opts: FrontierOptions, model_name: str, method: str, check: boo
                     f"run `orthorank calibrate --method {method}` first")
 
 
-def _prefix(plan: Plan, n: int) -> Plan:
-    layers = [int(i) for i in plan.provenance["order"][:n]]
-    provenance = {k: v for k, v in plan.provenance.items() if k not in ("measured", "matched")}
-    return dataclasses.replace(plan, layers=sorted(layers), target_sparsity=None,
-                               provenance={**provenance, "prefix_of": plan.label(), "prefix_layers": n})
-
-
 def _rows(opts: FrontierOptions, lm, length: int, levels: list[float], log) -> list[Row]:
     """Dense, then every method at every level (and every policy variant of the selecting ones)."""
     arch = Arch.from_config(lm.config, lm.num_layers)
     L = arch.num_layers
     variants = parse_variants(opts.policies) if opts.policies else []
     rows = [Row("dense", "dense", None, Plan("dense", [], lm.name, lm.signature()))]
+    saved = {m: _saved_order(opts, lm.name, m) for m in _methods(opts) if m not in ("dense", *SCHEDULES)}
+    for plan in saved.values():
+        plan.check_model(lm.name, lm.signature())
     for method in _methods(opts):
         if method == "dense":
             continue
@@ -128,23 +124,20 @@ def _rows(opts: FrontierOptions, lm, length: int, levels: list[float], log) -> l
                     continue
                 label = f"{method} {s:g}"
             else:
-                saved_plan = _saved_order(opts, lm.name, method)
-                saved_plan.check_model(lm.name, lm.signature())
+                saved_plan = saved[method]
                 order = saved_plan.provenance["order"]
                 if saved_plan.method == "prune":
-                    n = removed
-                    if n > len(order):
-                        log(f"frontier: {method} at {s:g} removes {n} layers, its saved search chose {len(order)}: "
-                            "left out")
+                    if removed > len(order):
+                        log(f"frontier: {method} at {s:g} removes {removed} layers, its saved search chose "
+                            f"{len(order)}: left out")
                         continue
+                    plan = saved_prefix(saved_plan, removed)
                 else:  # the prefix whose compute is closest to pruning's at this length, at the plan's ratio
-                    skipped = {k: _prefix(saved_plan, k).compute_sparsity(arch, length) for k in range(1, len(order) + 1)}
-                    n = min(skipped, key=lambda k: abs(skipped[k] - target))
-                    if skipped[n] < 0.9 * target:
+                    plan, skipped = closest_prefix(saved_plan, arch, length, target)
+                    if skipped < 0.9 * target:
                         log(f"frontier: {method} at {s:g}: its saved search's {len(order)} layers skip "
-                            f"{skipped[n]:.3f} of the compute, short of {target:.3f}: left out")
+                            f"{skipped:.3f} of the compute, short of {target:.3f}: left out")
                         continue
-                plan = _prefix(saved_plan, n)
                 label = f"{method} {s:g}"
             rows.append(Row(label, method, s, plan))
             if variants and plan.selection is not None and method in SELECTING:
@@ -205,16 +198,18 @@ def _items(builder: SuiteBuilder, tokenizer, tasks: list[str], length: int, samp
     return items
 
 
-def _scores(opts: FrontierOptions, lm, rows: list[Row], items: list[Item], settings: dict[str, Any]) -> dict:
-    """{row name: {item key: result}}, through the store under the same keys as `orthorank longctx`."""
+def _scores(opts: FrontierOptions, lm, rows: list[Row], items: list[Item], settings: dict[str, Any],
+            suite: str = "ruler-offline") -> dict:
+    """{row name: {item key: result}}, through the store under the same keys as `orthorank longctx` (suite
+    "ruler-offline") or `orthorank longbench` ("longbench-v1")."""
     store = store_from_options(opts)
     fp = model_fingerprint(lm.model) if store is not None else None
     settings = {**settings, "items": digest([[it.key, it.ids, it.max_new_tokens] for it in items])}
     out = {}
     for row in rows:
-        ns = store.namespace("longctx", longctx_key(lm.model, row.applied(), "ruler-offline", settings, fp)) \
+        ns = store.namespace("longctx", longctx_key(lm.model, row.applied(), suite, settings, fp)) \
             if store is not None else None
-        bar = tqdm(total=len(items), desc=f"{row.name} @ {settings['length']}", leave=True)
+        bar = tqdm(total=len(items), desc=f"{row.name} @ {settings.get('length', settings.get('task'))}", leave=True)
         out[row.name] = run_row(lm, row, items, ns, opts.batch_size, progress=bar.update)
         bar.close()
     return out
@@ -282,14 +277,7 @@ def _longbench_check(opts: FrontierOptions, lm, rows: list[Row], points: list, l
     chosen = [r for r in rows if r.method == "dense" or r.name in free]
     settings = {"task": task.name, "limit": opts.longbench, "max_length": length - new, "chat": True,
                 "new_tokens": new}
-    scores = {}
-    store = store_from_options(opts)
-    fp = model_fingerprint(lm.model) if store is not None else None
-    settings = {**settings, "items": digest([[it.key, it.ids, it.max_new_tokens] for it in items])}
-    for row in chosen:
-        ns = store.namespace("longctx", longctx_key(lm.model, row.applied(), "longbench-v1", settings, fp)) \
-            if store is not None else None
-        scores[row.name] = run_row(lm, row, items, ns, opts.batch_size)
+    scores = _scores(opts, lm, chosen, items, settings, suite="longbench-v1")
     dense = [scores["dense"][k]["score"] for k in sorted(scores["dense"])]
     out = {"task": task.name, "examples": len(items), "new_tokens": new, "task_new_tokens": task.max_new_tokens,
            "prompt_tokens": [len(it.ids) for it in items], "rows": {}}

@@ -21,7 +21,7 @@ from orthorank.errors import UserError
 from orthorank.method.cost import Arch, compute_sparsity
 from orthorank.method.plan import Plan
 from orthorank.method.policies import parse_variant
-from orthorank.method.schedules import SCHEDULES, schedule_plan
+from orthorank.method.schedules import SCHEDULES, closest_prefix, saved_prefix, schedule_plan
 
 PRESET_DIR = Path(__file__).resolve().parent.parent / "presets"
 PRESET_FORMAT = "orthorank-preset/1"
@@ -75,14 +75,8 @@ def preset_plan(preset: Preset, model: str, signature: dict[str, Any], arch: Arc
     else:
         if saved is None or not saved.provenance.get("order"):
             raise UserError(f"the {preset.name} preset needs the saved {preset.method} plan of this model")
-        order = [int(i) for i in saved.provenance["order"]]
-        if saved.method == "prune":
-            layers = order[:removed]
-        else:
-            best = min(range(1, len(order) + 1), key=lambda k: abs(dataclasses.replace(
-                saved, layers=sorted(order[:k])).compute_sparsity(arch, prompt_len) - target))
-            layers = order[:best]
-        plan = dataclasses.replace(saved, layers=sorted(layers), target_sparsity=None)
+        plan = (saved_prefix(saved, removed) if saved.method == "prune"
+                else closest_prefix(saved, arch, prompt_len, target)[0])
     if plan.selection is not None:
         change = parse_variant(preset.policy) if preset.policy else {}
         if preset.tail:

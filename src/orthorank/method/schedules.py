@@ -93,3 +93,21 @@ def _plan(model: str, signature: dict[str, Any], arch: Arch, ratios: dict[int, f
                 target_sparsity=None, arch=dataclasses.asdict(arch), actions={i: round(r, 6) for i, r in ratios.items()},
                 provenance={"search": f"schedule-{kind}", "schedule": kind, "start": start,
                             "target_compute": round(target, 6), "cost_seq_len": seq_len})
+
+
+def saved_prefix(plan: Plan, n: int) -> Plan:
+    """The first n layers of a saved plan's search order (a greedy search is sequential: what it would have chosen at
+    that lower level), with its selection unchanged."""
+    layers = [int(i) for i in plan.provenance["order"][:n]]
+    provenance = {k: v for k, v in plan.provenance.items() if k not in ("measured", "matched")}
+    return dataclasses.replace(plan, layers=sorted(layers), target_sparsity=None,
+                               provenance={**provenance, "prefix_of": plan.label(), "prefix_layers": n})
+
+
+def closest_prefix(plan: Plan, arch: Arch, seq_len: int, target: float) -> tuple[Plan, float]:
+    """The prefix of a selecting plan's search order whose compute share at seq_len is closest to `target`, at the
+    plan's keep ratio, and that share."""
+    skipped = {k: saved_prefix(plan, k).compute_sparsity(arch, seq_len)
+               for k in range(1, len(plan.provenance["order"]) + 1)}
+    n = min(skipped, key=lambda k: abs(skipped[k] - target))
+    return saved_prefix(plan, n), skipped[n]

@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from orthorank.evaluation.stats import Interval, paired_difference, resample_indices
+from orthorank.evaluation.stats import Interval, paired_difference, paired_time_ratio
 from orthorank.method.plan_store import sparsity_label
 from orthorank.results import atomic_write_text
 
@@ -181,13 +181,11 @@ def speed_claims(data: dict[str, Any], level: float, iters: int = 2000,
                 log(f"study: the speed claim at {level:g} ({run['seq_len']} tokens) is left out: {k} interleaved "
                     f"repeats cannot decide it (at least {MIN_SPEED_REPEATS})")
             continue
-        ratio = t_s[:k] / t_o[:k]  # above 1: OrthoRank is faster
-        draws = np.median(ratio[resample_indices(k, iters, 0)], axis=1)
-        lo, hi = np.percentile(draws, [2.5, 97.5])
+        ratio = paired_time_ratio(t_s[:k], t_o[:k], iters=iters)  # above 1: OrthoRank is faster
         out.append(_claim("speed", "OrthoRank's prefill throughput is comparable to SLEB's (within 10%)",
                           f"{level:g}, batch {run['batch']} x {run['seq_len']} tokens",
-                          "throughput ratio orthorank / sleb (median of paired repeats)", float(np.median(ratio)), lo,
-                          hi, 1.0, "equivalent", f"{k} interleaved repeats"))
+                          "throughput ratio orthorank / sleb (median of paired repeats)", ratio.value, ratio.low,
+                          ratio.high, 1.0, "equivalent", f"{k} interleaved repeats"))
     return out
 
 
