@@ -53,7 +53,10 @@ from orthorank.results import atomic_write_text, check_writable, write_json
 from orthorank.runtime.timing import interleaved_rounds, time_call
 from orthorank.store import digest, model_fingerprint
 
-SELECTING = ("orthorank", "router", "router-searched", "depth")  # methods whose rows take policy variants and tails
+SELECTING = ("orthorank", "router", "router-searched", "depth")  # methods whose rows take tails
+# Methods whose rows also take --policies variants: those selecting by the paper's rule. A router row with its policy
+# replaced would be the OrthoRank row of the same layers again, not a router.
+VARIANT_BASES = ("orthorank", "depth")
 CALIBRATION_SEED = 1_000_003  # calibration prompts: another seed and calibration text, so no sample repeats
 PREFIX_KINDS = ("prune", "orthorank")  # saved plans whose search order gives lower levels as prefixes
 SAVED_LEVELS = (0.2, 0.1)  # the saved plan whose order is read: the highest level there is
@@ -140,7 +143,7 @@ def _rows(opts: FrontierOptions, lm, length: int, levels: list[float], log) -> l
                         continue
                 label = f"{method} {s:g}"
             rows.append(Row(label, method, s, plan))
-            if variants and plan.selection is not None and method in SELECTING:
+            if variants and plan.selection is not None and method in VARIANT_BASES:
                 for spec, variant in policy_plans(plan, variants):
                     rows.append(Row(f"{label} {spec}", f"{method}{spec}", s, variant, variant=spec))
     return rows
