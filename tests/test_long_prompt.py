@@ -324,3 +324,33 @@ def test_frontier_end_to_end_on_a_tiny_model_with_longbench_on_the_free_points(c
     stored = sorted((tmp_path / "store").rglob("e-*.json"))
     code, out, err = run_cli(capsys, *args, "--overwrite")  # every generation comes back from the store
     assert code == 0 and sorted((tmp_path / "store").rglob("e-*.json")) == stored
+
+
+@pytest.mark.data
+def test_the_frontier_checks_a_preset_with_its_own_row(capsys, tiny_hf_folder, tmp_path, monkeypatch):
+    import json
+
+    from cli_helpers import run_cli
+    from orthorank.method import presets
+    from orthorank.method.presets import Preset
+
+    monkeypatch.setattr(presets, "PRESET_DIR", tmp_path / "presets")
+    (tmp_path / "presets").mkdir()
+    assert_user_error(capsys, "unknown preset 'long-prompt'", "frontier", "--model", str(tiny_hf_folder),
+                      "--methods", "dense", "--preset", "long-prompt", "--out", str(tmp_path / "f"))
+    (tmp_path / "presets" / "long-prompt.json").write_text(
+        json.dumps(Preset("long-prompt", "progressive", 0.2, 8).to_dict()))
+    args = ["frontier", "--model", str(tiny_hf_folder), "--methods", "dense", "--preset", "long-prompt",
+            "--lengths", "256", "--tasks", "niah_single", "--samples", "1", "--repeats", "2", "--threads", "1",
+            "--store", str(tmp_path / "store"), "--out", str(tmp_path / "f")]
+    code, out, err = run_cli(capsys, *args)
+    assert code == 0, err
+    points = json.loads((tmp_path / "f" / "frontier.json").read_text())["lengths"]["256"]["points"]
+    assert [p["name"] for p in points] == ["dense", "preset long-prompt"]
+    plan = points[1]["extra"]["plan"]
+    assert plan["provenance"]["preset"] == "long-prompt" and plan["selection"]["keep_recent"] == 8
+    (tmp_path / "presets" / "long-prompt.json").write_text(json.dumps(Preset("long-prompt", "dense").to_dict()))
+    code, out, err = run_cli(capsys, *args, "--overwrite")
+    assert code == 0 and "preset is dense here" in out
+    points = json.loads((tmp_path / "f" / "frontier.json").read_text())["lengths"]["256"]["points"]
+    assert [p["name"] for p in points] == ["dense"]

@@ -45,6 +45,7 @@ from orthorank.method.apply import apply_plan, restore_dense
 from orthorank.method.cost import Arch, compute_sparsity
 from orthorank.method.plan import Plan
 from orthorank.method.policies import parse_variants
+from orthorank.method.presets import Preset, load_preset, preset_plan
 from orthorank.method.registry import get_method, saved
 from orthorank.method.schedules import SCHEDULES, closest_prefix, saved_prefix, schedule_plan
 from orthorank.models.last_token import LastTokenForward
@@ -146,7 +147,33 @@ def _rows(opts: FrontierOptions, lm, length: int, levels: list[float], log) -> l
             if variants and plan.selection is not None and method in VARIANT_BASES:
                 for spec, variant in policy_plans(plan, variants):
                     rows.append(Row(f"{label} {spec}", f"{method}{spec}", s, variant, variant=spec))
+    if opts.preset:
+        row = _preset_row(opts, lm, arch, length, log)
+        if row is not None:
+            rows.append(row)
     return rows
+
+
+def _preset_row(opts: FrontierOptions, lm, arch: Arch, length: int, log) -> Row | None:
+    """The preset's plan at this length, as `generate --preset` builds it (None where the preset is dense: its row
+    would be dense's again)."""
+    preset = load_preset(opts.preset)
+    if preset.method == "dense":
+        log(f"frontier: the {preset.name} preset is dense here (no setting was free on every model and length it "
+            "was chosen from): no extra row")
+        return None
+    saved_plan = None if preset.method in SCHEDULES else _saved_order(opts, lm.name, preset.method)
+    plan = preset_plan(preset, lm.name, lm.signature(), arch, length, saved_plan)
+    return Row(f"preset {preset.name}", f"preset:{preset.name}", preset.level, plan)
+
+
+def _checked_preset(opts: FrontierOptions) -> Preset | None:
+    if not opts.preset:
+        return None
+    preset = load_preset(opts.preset)
+    if preset.method not in ("dense", *SCHEDULES):
+        _saved_order(opts, expected_model_name(opts.model), preset.method)
+    return preset
 
 
 def _tails(text: str | None) -> list[int]:
@@ -308,6 +335,7 @@ def check(opts: FrontierOptions) -> tuple[list[int], list[str], list[float]]:
     _tails(opts.tails)
     if opts.policies:
         parse_variants(opts.policies)
+    _checked_preset(opts)
     for m in _methods(opts):
         if m not in ("dense", *SCHEDULES):
             _saved_order(opts, expected_model_name(opts.model), m)

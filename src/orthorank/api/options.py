@@ -321,6 +321,7 @@ class FrontierOptions(ModelOptions, StoreOptions):
     methods: str = field(default='dense,sleb,shortgpt,orthorank,depth,progressive', metadata={"flag": "--methods", "kind": "value"})
     levels: str = field(default='0.05,0.1,0.15,0.2', metadata={"flag": "--levels", "kind": "value"})
     policies: str | None = field(default=None, metadata={"flag": "--policies", "kind": "value"})
+    preset: str | None = field(default=None, metadata={"flag": "--preset", "kind": "value"})
     schedule_start: float | None = field(default=None, metadata={"flag": "--schedule-start", "kind": "value"})
     tails: str | None = field(default=None, metadata={"flag": "--tails", "kind": "value"})
     calib_samples: int = field(default=8, metadata={"flag": "--calib-samples", "kind": "value"})

@@ -25,6 +25,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--policies", default=None, metavar="SPECS",
                    help="extra rows on the orthorank and depth plans: NAME[+recent=W][+first=W][+window=W], "
                         "comma-separated, e.g. attention+window=64 (default: none)")
+    p.add_argument("--preset", default=None, metavar="NAME",
+                   help="also a row for this preset (src/orthorank/presets/NAME.json, `generate --preset`) at each "
+                        "length, to check it on this model (default: none)")
     p.add_argument("--schedule-start", type=finite_float, default=None,
                    help="share of the layers kept dense before a schedule selects (default: "
                         + ", ".join(f"{k} {v:g}" for k, v in DEFAULT_START.items()) + ")")

@@ -28,6 +28,7 @@ from orthorank.api.options import (
 )
 from orthorank.errors import UserError
 from orthorank.method.plan import Plan
+from orthorank.method.presets import available as presets_available
 from orthorank.method.plan_store import sparsity_label
 from orthorank.results import atomic_write_text
 from orthorank.study.budgets import DOMAINS, ZEROSHOT_TASKS, Budget
@@ -248,8 +249,10 @@ def _long_prompt_done(path: Path) -> bool:
 
 
 def _long_prompt_calls(ctx: StudyContext) -> list[Options]:
+    # the shipped long-prompt preset gets its own row, so a study of any model checks it there
+    preset = "long-prompt" if "long-prompt" in presets_available() else None
     return [ctx.options(FrontierOptions, **ctx.budget.long_prompt.frontier_options(), plans_dir=str(ctx.plans_dir),
-                        out=str(ctx.out / "long-prompt"), overwrite=True)]
+                        preset=preset, out=str(ctx.out / "long-prompt"), overwrite=True)]
 
 
 STAGES.append(
