@@ -64,27 +64,42 @@ def test_progressive_keep_sets_are_nested_and_the_last_token_always_kept():
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
-def test_progressive_gathered_keys_equal_masking_the_pruned_keys(family, monkeypatch):
-    """The gathered path (kept keys only: the saving) gives what masking the pruned keys gives (the reference)."""
+@pytest.mark.parametrize("sink_visible", [True, False])
+def test_progressive_gathered_keys_equal_masking_the_pruned_keys(family, sink_visible, monkeypatch):
+    """The gathered path (kept keys only: the saving) gives what masking the pruned keys gives (the reference), both
+    through the causal kernel (the kept queries plus the visible sink laid out as a causal square) and through the
+    general masked call."""
     m = tiny_model(family, layers=5)
     ids = ids_for(length=64)
-    plan = _hybrid(m, {1: 0.7, 2: 0.5, 3: 0.5, 4: 0.3}, PROGRESSIVE_SELECTION)
-    calls = []
-    real = SelectiveLayer._pruned_attention
+    plan = _hybrid(m, {1: 0.7, 2: 0.5, 3: 0.5, 4: 0.3},
+                   dataclasses.replace(PROGRESSIVE_SELECTION, sink_kv_visible=sink_visible))
+    calls, causal = [], []
+    real, real_causal = SelectiveLayer._pruned_attention, SelectiveLayer._causal_gathered
 
     def counted(self, *a, **k):
         calls.append(self.layer_index)
         return real(self, *a, **k)
 
+    def counted_causal(self, *a, **k):
+        out = real_causal(self, *a, **k)
+        causal.append(out is not None)
+        return out
+
     monkeypatch.setattr(SelectiveLayer, "_pruned_attention", counted)
+    monkeypatch.setattr(SelectiveLayer, "_causal_gathered", counted_causal)
     apply_plan(m, plan)
     gathered = m(ids, use_cache=False).logits
-    assert calls == [1, 2, 3, 4]
+    assert calls == [1, 2, 3, 4] and causal == [True] * 4
+    restore_dense(m)
+    monkeypatch.setattr(SelectiveLayer, "_causal_gathered", lambda self, *a: None)
+    apply_plan(m, plan)
+    general = m(ids, use_cache=False).logits
     restore_dense(m)
     monkeypatch.setattr(SelectiveLayer, "_gathers_keys", lambda self, call, mask, S: False)
     apply_plan(m, plan)
     masked = m(ids, use_cache=False).logits
     assert torch.allclose(gathered, masked, atol=ATOL), (gathered - masked).abs().max()
+    assert torch.allclose(general, masked, atol=ATOL), (general - masked).abs().max()
 
 
 def test_progressive_cached_generation_sees_every_token_and_equals_uncached_first_token():
