@@ -151,8 +151,10 @@ def attention_received(q: torch.Tensor, k: torch.Tensor, scale: float, valid: to
     B, H, W, _ = q.shape
     S = k.shape[2]
     T = S - past
-    k = k.repeat_interleave(H // k.shape[1], dim=1)
-    logits = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale  # [B, H, W, S]
+    Hkv = k.shape[1]
+    # the query heads of one KV head fold into its rows (head h reads KV head h // G): K is not repeated per head
+    qg = q.float().reshape(B, Hkv, (H // Hkv) * W, q.shape[-1])
+    logits = torch.matmul(qg, k.float().transpose(-1, -2)).view(B, H, W, S) * scale  # [B, H, W, S]
     q_pos = past + T - W + torch.arange(W, device=q.device)
     allowed = torch.arange(S, device=q.device).view(1, S) <= q_pos.view(W, 1)  # causal
     allowed = allowed.view(1, 1, W, S)
