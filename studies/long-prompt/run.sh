@@ -52,5 +52,5 @@ for run in $RUNS; do
   # shellcheck disable=SC2086
   $O frontier --model $m --dtype bfloat16 --threads $T --lengths $len $settings \
     --plans-dir studies/long-prompt/plans/$m --out $d --overwrite > $d/frontier.log 2>&1
-  printf '%s' "$SETTINGS" > $d/settings.txt
+  printf '%s' "$settings" > $d/settings.txt
 done
