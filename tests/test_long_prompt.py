@@ -14,6 +14,7 @@ from conftest import tiny_model
 from orthorank.errors import UserError
 from orthorank.evaluation import frontier
 from orthorank.method import SelectionConfig, apply_orthorank
+from orthorank.method import attention
 from orthorank.method.apply import apply_plan, restore_dense, selective
 from orthorank.method.cost import Arch, compute_sparsity
 from orthorank.method.layer import SelectiveLayer
@@ -74,24 +75,24 @@ def test_progressive_gathered_keys_equal_masking_the_pruned_keys(family, sink_vi
     plan = _hybrid(m, {1: 0.7, 2: 0.5, 3: 0.5, 4: 0.3},
                    dataclasses.replace(PROGRESSIVE_SELECTION, sink_kv_visible=sink_visible))
     calls, causal = [], []
-    real, real_causal = SelectiveLayer._pruned_attention, SelectiveLayer._causal_gathered
+    real, real_causal = SelectiveLayer._pruned_attention, attention._contiguous_causal
 
     def counted(self, *a, **k):
         calls.append(self.layer_index)
         return real(self, *a, **k)
 
-    def counted_causal(self, *a, **k):
-        out = real_causal(self, *a, **k)
+    def counted_causal(*a, **k):
+        out = real_causal(*a, **k)
         causal.append(out is not None)
         return out
 
     monkeypatch.setattr(SelectiveLayer, "_pruned_attention", counted)
-    monkeypatch.setattr(SelectiveLayer, "_causal_gathered", counted_causal)
+    monkeypatch.setattr(attention, "_contiguous_causal", counted_causal)
     apply_plan(m, plan)
     gathered = m(ids, use_cache=False).logits
     assert calls == [1, 2, 3, 4] and causal == [True] * 4
     restore_dense(m)
-    monkeypatch.setattr(SelectiveLayer, "_causal_gathered", lambda self, *a: None)
+    monkeypatch.setattr(attention, "_contiguous_causal", lambda *a: None)
     apply_plan(m, plan)
     general = m(ids, use_cache=False).logits
     restore_dense(m)

@@ -173,6 +173,10 @@ def _sdpa(q, q_pos, k, v, scale, k_offset, key_valid, window, mask, max_chunks, 
     # queries take one masked call.
     host_reads = q.device.type == "cpu" and not torch.compiler.is_compiling()
     windowed = window is not None and window < S
+    if mask is None and key_valid is None and not windowed and k_offset == 0 and host_reads:
+        o = _contiguous_causal(qh, q_pos, k, v, scale)
+        if o is not None:
+            return o.transpose(1, 2).reshape(B, K, H * hd)
     can_split = split and mask is None and key_valid is None and k_offset == 0
     path, chunks = query_chunks(K, S, H // Hkv, window, max_chunks, min_chunk_keys, can_split, host_reads)
     if path == "split":
@@ -198,6 +202,28 @@ def _sdpa(q, q_pos, k, v, scale, k_offset, key_valid, window, mask, max_chunks, 
         out[:, :, a:b] = F.scaled_dot_product_attention(qh[:, :, a:b], k[:, :, lo:hi], v[:, :, lo:hi], attn_mask=m,
                                                         scale=scale, enable_gqa=H > Hkv)
     return out.transpose(1, 2).reshape(B, K, H * hd)
+
+
+# Keys ahead of every query that the causal path pads for (progressive pruning's visible sink is one).
+MAX_CAUSAL_PAD = 8
+
+
+def _contiguous_causal(qh, q_pos, k, v, scale) -> torch.Tensor | None:
+    """Queries [B, H, K, d] at the last K of the S key positions (progressive pruning's gathered kept tokens, whose
+    keys are the queries plus the sink before them): the causal kernel at S tokens with S - K placeholder queries in
+    front, their outputs dropped, instead of a masked call that computes the whole square through a materialised
+    mask (about twice the causal kernel's time on CPU). None where the queries are not so laid out."""
+    B, H, K, d = qh.shape
+    S = k.shape[2]
+    pad = S - K
+    if not 0 <= pad <= MAX_CAUSAL_PAD:
+        return None
+    if not bool((q_pos == torch.arange(pad, S, device=q_pos.device)).all()):  # a host read: callers check it's free
+        return None
+    if pad:
+        qh = torch.cat([qh.new_zeros(B, H, pad, d), qh], dim=2)
+    o = F.scaled_dot_product_attention(qh, k, v, is_causal=True, scale=scale, enable_gqa=H > k.shape[1])
+    return o[:, :, pad:]
 
 
 def _eager(q, q_pos, k, v, scale, k_offset, key_valid, window, softcap, mask, attn_module):

@@ -703,38 +703,10 @@ class SelectiveLayer:
         k_sel = k.gather(2, gather)
         v_sel = v.gather(2, kidx[:, None, :, None].expand(B, Hkv, kidx.shape[1], v.shape[-1]))
         q_place = torch.searchsorted(kidx, call.q_pos, right=True) - 1  # every query is itself a kept key
-        o = self._causal_gathered(q, q_place, k_sel, v_sel)
-        if o is not None:
-            return o
         o, _ = selective_attention(q, q_place, k_sel, v_sel, scale=attn.scaling, softcap=self._softcap,
                                    backend=self.backend, attn_module=attn, max_chunks=self.max_attention_chunks,
                                    min_chunk_keys=self.min_chunk_keys)
         return o
-
-    # Keys ahead of every kept query (the sink, visible though bypassed) that the causal fast path pads for.
-    MAX_CAUSAL_PAD = 8
-
-    def _causal_gathered(self, q: torch.Tensor, q_place: torch.Tensor, k: torch.Tensor,
-                         v: torch.Tensor) -> torch.Tensor | None:
-        """Progressive pruning's kept queries [B, K, H, d] against its gathered keys [B, Hkv, S, d], where the keys
-        are the queries plus S - K tokens before all of them (the sink): the causal kernel at S tokens with S - K
-        placeholder queries in front, whose outputs are dropped. The masked call this replaces computes the whole
-        S x S square with a materialised mask (about twice the causal kernel's time on CPU). None where the keys are
-        not so laid out (then the general path runs)."""
-        B, K, H, d = q.shape
-        S = k.shape[2]
-        pad = S - K
-        if self.backend != "sdpa" or self._softcap or not 0 <= pad <= self.MAX_CAUSAL_PAD:
-            return None
-        expected = torch.arange(pad, S, device=q_place.device)
-        if not bool((q_place == expected).all()):  # a host read: free on CPU, one sync per layer elsewhere
-            return None
-        qh = q.transpose(1, 2)  # [B, H, K, d]
-        if pad:
-            qh = torch.cat([qh.new_zeros(B, H, pad, d), qh], dim=2)
-        o = F.scaled_dot_product_attention(qh, k, v, is_causal=True, scale=self.layer.self_attn.scaling,
-                                           enable_gqa=H > k.shape[1])
-        return o[:, :, pad:].transpose(1, 2).reshape(B, K, H * d)
 
     def _key_valid(self, call: _RowCall, B: int, T: int, S: int, k_offset: int, have_mask: bool):
         """[B, S] bool or None: keys that may be attended apart from causality and the window."""
