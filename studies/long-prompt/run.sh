@@ -2,7 +2,8 @@
 # The retrieval frontier (issue 45): both models at 4k and 8k tokens, bfloat16 on 2 threads.
 #
 # Rows: dense; SLEB, OrthoRank (the paper's rule), the router fitted on long prompts, the depth schedule and
-# LazyLLM-style progressive pruning at 5%, 10% and 20% of compute; the question-scored policy (attention of the
+# LazyLLM-style progressive pruning and local prefill attention with a global question tail (method/local_attention.py)
+# at 5%, 10% and 20% of compute; the question-scored policy (attention of the
 # prompt's last 64 queries, SnapKV's observation window) on the OrthoRank, router and depth plans; a tail (W = 0 or
 # 64 always-updated last tokens) chosen on calibration prompts for the selecting methods. Scored on 10 samples of
 # two needle tasks (20 items), timed in 5 interleaved rounds, LongBench multi_news (first 3 examples, 64 new tokens)
@@ -25,7 +26,7 @@ cd "$(dirname "$0")/../.."
 O=${O:-.venv/bin/orthorank}
 T=${THREADS:-2}
 RUNS=${*:-smollm2-135m:4k gemma3-270m:4k smollm2-135m:8k gemma3-270m:8k}
-SETTINGS="--methods dense,sleb,orthorank,router,depth,progressive --levels 0.05,0.1,0.2 --policies attention+window=64
+SETTINGS="--methods dense,sleb,orthorank,router,depth,progressive,local --levels 0.05,0.1,0.2 --policies attention+window=64
   --tails 0,64 --samples 10 --calib-samples 8 --repeats 5 --longbench 3 --longbench-new-tokens 64"
 
 long_router() {  # $1 model: the plans folder with the router fitted on long prompts (status 1 if the fit failed)

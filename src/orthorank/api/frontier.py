@@ -122,7 +122,7 @@ def _rows(opts: FrontierOptions, lm, length: int, levels: list[float], log) -> l
             if method in SCHEDULES:
                 try:
                     plan = schedule_plan(method, lm.name, lm.signature(), arch, target, length,
-                                         start=opts.schedule_start)
+                                         start=opts.schedule_start, layer_types=getattr(lm.config, "layer_types", None))
                 except UserError as exc:  # this level is out of the schedule's reach: the others still run
                     log(f"frontier: {method} at {s:g} left out: {exc}")
                     continue
@@ -163,7 +163,8 @@ def _preset_row(opts: FrontierOptions, lm, arch: Arch, length: int, log) -> Row 
             "was chosen from): no extra row")
         return None
     saved_plan = None if preset.method in SCHEDULES else _saved_order(opts, lm.name, preset.method)
-    plan = preset_plan(preset, lm.name, lm.signature(), arch, length, saved_plan)
+    plan = preset_plan(preset, lm.name, lm.signature(), arch, length, saved_plan,
+                       layer_types=getattr(lm.config, "layer_types", None))
     return Row(f"preset {preset.name}", f"preset:{preset.name}", preset.level, plan)
 
 

@@ -96,7 +96,7 @@ def run(opts: GenerateOptions) -> int:
     else:  # built for the longest prompt: the schedule's compute is matched at that length
         base = _preset_saved(opts, preset, lm.name) if preset.method not in ("dense", *SCHEDULES) else None
         plan = preset_plan(preset, lm.name, lm.signature(), Arch.from_config(lm.config, lm.num_layers),
-                           max(map(len, rows)), base)
+                           max(map(len, rows)), base, layer_types=getattr(lm.config, "layer_types", None))
         print(f"preset {preset.name}: {preset.method}" + (f" at {preset.level:g}" if preset.level else "")
               + (f", always updating the last {preset.tail} tokens" if preset.tail else "")
               + f" ({len(plan.layers)} layers changed)", file=sys.stderr)

@@ -14,6 +14,7 @@ from torch import nn
 from orthorank.errors import UserError
 from orthorank.method.attention import backend_for
 from orthorank.method.layer import SelectiveLayer, SequenceContext, current_forward, install_forward
+from orthorank.method import local_attention
 from orthorank.method.plan import Plan
 from orthorank.method.policies import LOSS_EFFECT, PREV_INPUT
 from orthorank.method.recording import loss_effect_hook
@@ -123,6 +124,26 @@ def apply_hybrid(model: nn.Module, removed: list[int], selections: dict[int, Sel
     return model
 
 
+def apply_local(model: nn.Module, layers: list[int], cfg: local_attention.LocalAttention) -> nn.Module:
+    """Local prefill attention in the given decoder layers, in place (method/local_attention.py): each layer's
+    attention module calls the local pattern instead of its own kernel; every token is still updated."""
+    adapter = get_adapter(model)
+    restore_dense(model)
+    original = adapter.layers(model)
+    bad = sorted(i for i in layers if not 0 <= i < len(original))
+    if bad:
+        raise UserError(f"layer indices {bad} are out of range for a model with {len(original)} layers")
+    types = getattr(model.config, "layer_types", None)
+    sliding = sorted(i for i in layers if isinstance(types, list) and types[i] != "full_attention")
+    if sliding:
+        raise UserError(f"layers {sliding} already attend a sliding window; local attention applies to "
+                        "full-attention layers")
+    state = _begin(model)
+    for i in layers:
+        state["restores"].append(local_attention.install(original[i].self_attn, cfg))
+    return model
+
+
 def _keep_previous_input(layers: list[nn.Module], removed: set[int], i: int, sel: SelectiveLayer):
     """prev-update: a pre-hook on the layer that runs before layer i keeps its input for layer i's selection."""
     before = [j for j in range(i) if j not in removed]
@@ -149,4 +170,6 @@ def apply_plan(model: nn.Module, plan: Plan) -> nn.Module:
         return apply_orthorank(model, plan.layers, plan.selection)
     if plan.method == "hybrid":
         return apply_hybrid(model, plan.removed_layers, plan.selection_layers)
+    if plan.method == "local":
+        return apply_local(model, plan.layers, plan.attention)
     return prune_layers(model, plan.layers)

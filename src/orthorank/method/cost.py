@@ -130,6 +130,16 @@ def selection_layers_to_match(arch: Arch, seq_len: int, target: float, ratio: fl
     return n
 
 
+def local_compute_sparsity(arch: Arch, seq_len: int, count: int, mean_keys: float) -> float:
+    """Share of the dense model's per-token FLOPs skipped by `count` layers of local prefill attention whose queries
+    read `mean_keys` keys on average (method/local_attention.py) instead of the causal (seq_len + 1) / 2; the rest
+    of those layers runs for every token."""
+    if count == 0:
+        return 0.0
+    saved = attention_core_flops(arch, (seq_len + 1) / 2) - attention_core_flops(arch, mean_keys)
+    return count * saved / model_flops(arch, seq_len)
+
+
 def hybrid_compute_sparsity(arch: Arch, seq_len: int, removed: int, ratios: list[float],
                             scoring: float | None = None, pruned_keys: bool = False) -> float:
     """Share of the dense model's per-token FLOPs a hybrid plan skips: `removed` layers removed and one selection

@@ -12,14 +12,17 @@ from typing import Any
 
 from orthorank.errors import UserError
 from orthorank.method.cost import (
-    Arch, attention_scoring_flops, compute_sparsity, hybrid_compute_sparsity, nominal_sparsity, selection_layers_to_match,
+    Arch, attention_scoring_flops, compute_sparsity, hybrid_compute_sparsity, local_compute_sparsity, nominal_sparsity,
+    selection_layers_to_match,
 )
+from orthorank.method.local_attention import LocalAttention, mean_keys_read
 from orthorank.method.policies import ATTENTION, ATTENTION_WINDOW
 from orthorank.method.selection import SelectionConfig
 from orthorank.results import atomic_write_text
 
 PLAN_FORMAT = "orthorank-plan/1"
-METHODS = ("dense", "orthorank", "prune", "hybrid")
+# "local": local prefill attention in `layers` (method/local_attention.py), every token still updated by every layer
+METHODS = ("dense", "orthorank", "prune", "hybrid", "local")
 # A hybrid plan's per-layer actions: layer -> "remove" or the selection ratio of that layer.
 REMOVE = "remove"
 # How many selection layers a sparsity level means for OrthoRank (pruning always removes ceil(s * L) layers):
@@ -100,10 +103,15 @@ class Plan:
     # Hybrid plans only: layer -> "remove" or that selection layer's ratio (the other SelectionConfig fields come
     # from `selection`, whose own ratio is unused). `layers` is then every changed layer.
     actions: dict[int, str | float] | None = None
+    attention: LocalAttention | None = None  # local plans only: the pattern their layers' prefill attends with
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             raise UserError(f"unknown plan method {self.method!r}; choose one of {', '.join(METHODS)}")
+        if self.method == "local" and self.attention is None:
+            self.attention = LocalAttention()
+        elif self.method != "local" and self.attention is not None:
+            raise UserError(f"local attention belongs to local plans, not to a {self.method} plan")
         if self.method == "hybrid":
             self.actions = _check_actions(self.actions)
             self.layers = sorted(self.actions)
@@ -158,6 +166,8 @@ class Plan:
         if self.method == "hybrid":
             skipped = len(self.removed_layers) + sum(1.0 - c.ratio for c in self.selection_layers.values())
             return skipped / self.num_layers
+        if self.method == "local":  # the paper's measure has no term for it: the compute share at the plan's length
+            return self.compute_sparsity(seq_len=int(self.provenance.get("cost_seq_len", DEFAULT_COST_SEQ_LEN))) or 0.0
         return nominal_sparsity(self.num_layers, self.method, len(self.layers), self.ratio)
 
     # Old name of the nominal measure, kept for callers of the first plan format.
@@ -168,6 +178,8 @@ class Plan:
         arch = arch or (Arch(**self.arch) if self.arch else None)
         if arch is None:
             return None
+        if self.method == "local":
+            return local_compute_sparsity(arch, seq_len, len(self.layers), mean_keys_read(seq_len, self.attention))
         dense_choice = self.selection is not None and not self.selection.rule.speedup
         if dense_choice and self.method == "orthorank":
             return 0.0  # a policy that runs its layers densely to choose skips nothing there
@@ -205,6 +217,8 @@ class Plan:
                 "selection": self.selection.key_dict() if self.selection else None}
         if self.actions is not None:  # only hybrid plans have the key: other plans' hashes stay as they were
             body["actions"] = _actions_json(self.actions)
+        if self.attention is not None:  # likewise local plans
+            body["attention"] = self.attention.to_dict()
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
 
     def to_dict(self) -> dict[str, Any]:
@@ -223,6 +237,8 @@ class Plan:
         }
         if self.actions is not None:
             out["actions"] = _actions_json(self.actions)
+        if self.attention is not None:
+            out["attention"] = self.attention.to_dict()
         return out
 
     def save(self, path: str | Path, overwrite: bool = False) -> Path:
@@ -251,6 +267,8 @@ class Plan:
                 arch=dict(data["arch"]) if data.get("arch") else None,
                 actions=({int(k): v for k, v in dict(data["actions"]).items()}
                          if data.get("actions") is not None else None),
+                attention=(LocalAttention.from_dict(data["attention"])
+                           if data.get("attention") is not None else None),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise UserError(f"{source} is malformed: {type(exc).__name__}: {exc}") from None

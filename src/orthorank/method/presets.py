@@ -62,7 +62,7 @@ def load_preset(name: str) -> Preset:
 
 
 def preset_plan(preset: Preset, model: str, signature: dict[str, Any], arch: Arch, prompt_len: int,
-                saved: Plan | None = None) -> Plan:
+                saved: Plan | None = None, layer_types: list[str] | None = None) -> Plan:
     """The preset's plan for a model at a prompt length. `saved`: the method's saved plan (its search order), for
     methods that are not schedules."""
     if preset.method == "dense":
@@ -71,7 +71,7 @@ def preset_plan(preset: Preset, model: str, signature: dict[str, Any], arch: Arc
     removed = min(L - 1, math.ceil(preset.level * L - 1e-9))
     target = compute_sparsity(arch, prompt_len, "prune", removed)
     if preset.method in SCHEDULES:
-        plan = schedule_plan(preset.method, model, signature, arch, target, prompt_len)
+        plan = schedule_plan(preset.method, model, signature, arch, target, prompt_len, layer_types=layer_types)
     else:
         if saved is None or not saved.provenance.get("order"):
             raise UserError(f"the {preset.name} preset needs the saved {preset.method} plan of this model")

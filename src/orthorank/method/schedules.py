@@ -10,6 +10,11 @@ tokens each keeps follows from depth alone, at a compute target.
   it), scored by the attention the last token pays it (LazyLLM's rule; here this layer's own estimate, since SDPA
   does not return the previous layer's probabilities). The last token is always kept: it predicts the answer.
 
+- local (beyond the paper; method/local_attention.py): local prefill attention (sinks + a 256-token window for the
+  context, the prompt's last 64 tokens global) in the later full-attention layers, from the last one down, as many as
+  the target takes; every token is still updated by every layer. `start` bounds how deep it may reach (default: all
+  but the first layer).
+
 Targets are compute shares at one sequence length (method/cost.py); the plans are hybrid plans (a keep ratio per
 layer) and run through every command.
 """
@@ -21,11 +26,12 @@ from typing import Any
 
 from orthorank.errors import UserError
 from orthorank.method.cost import Arch
+from orthorank.method.local_attention import LocalAttention
 from orthorank.method.plan import Plan
 from orthorank.method.selection import SelectionConfig
 
-SCHEDULES = ("depth", "progressive")
-DEFAULT_START = {"depth": 0.5, "progressive": 0.25}  # share of the layers before the first selecting one
+SCHEDULES = ("depth", "progressive", "local")
+DEFAULT_START = {"depth": 0.5, "progressive": 0.25, "local": 0.0}  # share of the layers before the first selecting one
 # LazyLLM's selection: the last token's attention, pruned tokens' keys hidden (the sink's kept visible), nested
 PROGRESSIVE_SELECTION = SelectionConfig(policy="attention", attention_window=1, bypass_kv=False,
                                         sink_kv_visible=True, progressive=True, keep_recent=1)
@@ -61,13 +67,17 @@ def _solve(make, arch: Arch, seq_len: int, target: float, what: str) -> Plan:
 
 
 def schedule_plan(kind: str, model: str, signature: dict[str, Any], arch: Arch, target: float, seq_len: int,
-                  start: float | None = None, selection: SelectionConfig | None = None) -> Plan:
-    """A `kind` schedule (SCHEDULES) for a model that skips `target` of its compute at `seq_len` tokens."""
+                  start: float | None = None, selection: SelectionConfig | None = None,
+                  layer_types: list[str] | None = None) -> Plan:
+    """A `kind` schedule (SCHEDULES) for a model that skips `target` of its compute at `seq_len` tokens.
+    layer_types: the model's config.layer_types where it has them (local attention skips sliding layers)."""
     if kind not in SCHEDULES:
         raise UserError(f"unknown schedule {kind!r}; choose one of {', '.join(SCHEDULES)}")
     start = DEFAULT_START[kind] if start is None else start
     L = arch.num_layers
     first = first_layer(L, start)
+    if kind == "local":
+        return _local_plan(model, signature, arch, target, seq_len, first, start, layer_types)
     if kind == "depth":
         sel = selection or SelectionConfig()
         last = L - 2  # the last layer stays dense, as in every search
@@ -85,6 +95,25 @@ def schedule_plan(kind: str, model: str, signature: dict[str, Any], arch: Arch, 
     if first > (L - 2 if kind == "depth" else L - 1):
         raise UserError(f"a {kind} schedule starting at layer {first} of {L} has no layer to select in")
     return _solve(make, arch, seq_len, target, kind)
+
+
+def _local_plan(model: str, signature: dict[str, Any], arch: Arch, target: float, seq_len: int, first: int,
+                start: float, layer_types: list[str] | None) -> Plan:
+    """The fewest full-attention layers, from the last one down to `first`, whose local attention skips at least
+    the target's compute share at seq_len."""
+    full = [i for i in range(first, arch.num_layers)
+            if not isinstance(layer_types, list) or layer_types[i] == "full_attention"]
+    provenance = {"search": "schedule-local", "schedule": "local", "start": start, "target_compute": round(target, 6),
+                  "cost_seq_len": seq_len}
+    for n in range(1, len(full) + 1):
+        plan = Plan("local", full[-n:], model, signature, attention=LocalAttention(), arch=dataclasses.asdict(arch),
+                    provenance=provenance)
+        if plan.compute_sparsity(arch, seq_len) >= target - 1e-9:
+            return plan
+    most = Plan("local", full, model, signature, attention=LocalAttention(), arch=dataclasses.asdict(arch))
+    raise UserError(f"the local schedule cannot skip {target:.3f} of the compute at {seq_len} tokens (at most "
+                    f"{most.compute_sparsity(arch, seq_len):.3f} with all {len(full)} full-attention layers from "
+                    f"layer {first}): lower the target")
 
 
 def _plan(model: str, signature: dict[str, Any], arch: Arch, ratios: dict[int, float], selection: SelectionConfig,

@@ -1,0 +1,177 @@
+"""Local prefill attention with a global tail: the prompt's context tokens attend to the first few tokens (the sink)
+and a local window; the prompt's last `tail` tokens (the question) and every generated token attend to everything.
+
+Beyond the paper. The attention core is most of a long prompt's prefill (74% of SmolLM2-135M's at 4k tokens,
+bfloat16 on this CPU) and grows with length; OrthoRank and layer removal cut it only by dropping whole queries or
+layers. This cuts the keys each context query reads instead. It is the sink + window pattern of StreamingLLM (Xiao
+et al. 2024) and MInference's A-shape heads (Jiang et al. 2024), with the queries of the prompt's end kept global so
+that the question still reads the whole prompt: every token's K/V is computed from its full layer input, so a needle
+anywhere stays visible to the tail's queries in every layer.
+
+The pattern, for a prompt of N real tokens at positions 0..N-1 (a token of a left-padded row at its real position):
+- a query at p >= N - tail sees every key at or before p (causal, as dense);
+- a query at p < N - tail sees the `sinks` first keys and the keys from max(sinks, floor(p / block) * block -
+  window) to p: at least `window` and at most `window + block - 1` keys back, block-aligned so that a block of
+  queries shares one key range and runs as one causal kernel call.
+
+    local_attention(q, k, v, scale=..., cfg=LocalAttention(window=256))   # q [B, H, N, d], k/v [B, Hkv, N, d]
+
+Decoding steps and prompts continued from a cache attend densely (the pattern is a prefill's), so cached generation
+equals an uncached forward over prompt and generated tokens with the tail reaching to the prompt's end
+(`local_allowed(..., prompt_len=N)`). Without padding each block of queries runs the dense model's own causal kernel
+over its sinks and window, with placeholder queries in front (torch's SDPA aligns a causal mask top-left): no mask
+is built. Left-padded rows take one masked call built from the real positions.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from orthorank.errors import UserError
+from orthorank.method.layer import padding_from_4d
+
+
+@dataclass(frozen=True)
+class LocalAttention:
+    window: int = 256  # keys before a query's block it reads (the block's own keys come on top)
+    sinks: int = 4  # the first keys every query reads (the attention sink; StreamingLLM keeps 4)
+    tail: int = 64  # the prompt's last tokens, which attend globally (the question)
+    block: int = 256  # queries per kernel call; a query reads between window and window + block - 1 keys back
+
+    def __post_init__(self) -> None:
+        for name in ("window", "block"):
+            if int(getattr(self, name)) < 1:
+                raise UserError(f"local attention's {name} must be a positive number of tokens, got {getattr(self, name)}")
+        for name in ("sinks", "tail"):
+            if int(getattr(self, name)) < 0:
+                raise UserError(f"local attention's {name} must be 0 or more tokens, got {getattr(self, name)}")
+
+    def to_dict(self) -> dict[str, int]:
+        return {k: int(v) for k, v in asdict(self).items()}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "LocalAttention":
+        if not isinstance(data, dict):
+            raise UserError(f"a plan's local attention must be an object, got {data!r}")
+        unknown = sorted(set(data) - set(cls.__dataclass_fields__))
+        if unknown:
+            raise UserError(f"unknown local attention fields {unknown}; known: {', '.join(cls.__dataclass_fields__)}")
+        try:
+            return cls(**{k: int(v) for k, v in data.items()})
+        except (TypeError, ValueError):
+            raise UserError(f"local attention fields must be whole numbers, got {data!r}") from None
+
+
+def first_local_key(p: np.ndarray | torch.Tensor, cfg: LocalAttention):
+    """The first non-sink key a context query at position p reads."""
+    lo = (p // cfg.block) * cfg.block - cfg.window
+    return np.maximum(lo, cfg.sinks) if isinstance(p, np.ndarray) else torch.clamp(lo, min=cfg.sinks)
+
+
+def keys_read(seq_len: int, cfg: LocalAttention) -> np.ndarray:
+    """[N] how many keys each query of an N-token prompt reads (the cost model's count)."""
+    p = np.arange(seq_len)
+    local = np.where(p < cfg.sinks, p + 1, cfg.sinks + p - first_local_key(p, cfg) + 1)
+    return np.where(p >= seq_len - cfg.tail, p + 1, np.minimum(local, p + 1))
+
+
+def mean_keys_read(seq_len: int, cfg: LocalAttention) -> float:
+    return float(keys_read(seq_len, cfg).mean())
+
+
+def local_allowed(valid: torch.Tensor, cfg: LocalAttention, prompt_len: torch.Tensor | None = None) -> torch.Tensor:
+    """[B, 1, T, T] bool, True where a query may attend a key, for rows of T tokens whose real ones are `valid`
+    ([B, T] bool, left padding). The tail reaches to each row's last real token, or to its `prompt_len`-th real token
+    ([B]) where generated tokens follow the prompt (the reference for cached generation). A padding query sees only
+    itself, so no row of the softmax is empty."""
+    B, T = valid.shape
+    r = valid.long().cumsum(-1) - 1  # real positions
+    n = valid.sum(-1) if prompt_len is None else prompt_len.to(valid.device)
+    rq, rk = r[:, :, None], r[:, None, :]
+    causal = (rk <= rq) & valid[:, None, :] & valid[:, :, None]
+    local = (rk < cfg.sinks) | (rk >= first_local_key(rq, cfg))
+    tail = rq >= (n - cfg.tail)[:, None, None]
+    allowed = causal & (local | tail)
+    allowed |= torch.eye(T, dtype=torch.bool, device=valid.device)[None] & ~valid[:, :, None]
+    return allowed[:, None]
+
+
+def local_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float, cfg: LocalAttention,
+                    valid: torch.Tensor | None = None) -> torch.Tensor:
+    """q [B, H, N, d], k/v [B, Hkv, N, d] (a whole prompt, no past keys; `valid` [B, N] marks the real tokens of
+    left-padded rows, None for none) -> [B, H, N, d]."""
+    B, H, N, d = q.shape
+    gqa = H != k.shape[1]
+    if valid is not None and not bool(valid.all()):
+        mask = local_allowed(valid, cfg)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
+    S, W, C = cfg.sinks, cfg.window, cfg.block
+    context = max(0, N - cfg.tail)
+    out = torch.empty_like(q)
+    for a in range(0, context, C):
+        b = min(a + C, context)
+        lo = max(S, a - W)
+        if lo <= S:  # the window reaches back to the sinks: the keys are 0..b-1, contiguous
+            kk, vv = k[:, :, :b], v[:, :, :b]
+        else:
+            kk, vv = torch.cat([k[:, :, :S], k[:, :, lo:b]], 2), torch.cat([v[:, :, :S], v[:, :, lo:b]], 2)
+        pad = kk.shape[2] - (b - a)  # placeholder queries in front: query p is row pad + p - a, key p is its last
+        qq = torch.cat([q.new_zeros(B, H, pad, d), q[:, :, a:b]], 2) if pad else q[:, :, a:b]
+        o = F.scaled_dot_product_attention(qq, kk, vv, is_causal=True, scale=scale, enable_gqa=gqa)
+        out[:, :, a:b] = o[:, :, pad:]
+    if context < N:  # the tail: every key up to each query
+        k_pos = torch.arange(N, device=q.device)
+        mask = k_pos[None, :] <= k_pos[context:, None]
+        out[:, :, context:] = F.scaled_dot_product_attention(q[:, :, context:], k, v, attn_mask=mask[None, None],
+                                                             scale=scale, enable_gqa=gqa)
+    return out
+
+
+# -- the Hugging Face side: one registered attention function, switched on per attention module ----------------------
+
+IMPLEMENTATION = "orthorank_local"
+_CONFIG = "_orthorank_local"  # on a local layer's attention module: (LocalAttention, the model's implementation)
+
+
+def hf_local_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """The attention function a local layer's module calls (its config copy names IMPLEMENTATION): the local pattern
+    for a whole prompt in one call, the model's own implementation for everything else (decoding steps, prompts
+    continued from a cache, static-cache slots)."""
+    # transformers' modeling utilities load lazily (seconds); a local layer is only called once they are loaded
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    cfg, original = getattr(module, _CONFIG)
+    if query.shape[2] == 1 or key.shape[2] != query.shape[2]:
+        return ALL_ATTENTION_FUNCTIONS[original](module, query, key, value, attention_mask, scaling=scaling,
+                                                 dropout=dropout, **kwargs)
+    valid = padding_from_4d(attention_mask, None) if attention_mask is not None else None
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    out = local_attention(query, key, value, scale=scale, cfg=cfg, valid=valid)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def install(attn: torch.nn.Module, cfg: LocalAttention):
+    """Make one attention module attend locally; returns the undo. The module gets its own shallow copy of the
+    config naming IMPLEMENTATION (the model's config, its fingerprint and the other layers stay as they were)."""
+    from transformers import AttentionInterface  # lazily, as above: plans load without the modeling code
+
+    original = attn.config._attn_implementation or "sdpa"
+    if original not in ("sdpa", "eager"):
+        raise UserError(f"local attention runs on models loaded with sdpa or eager attention, not {original!r}")
+    AttentionInterface.register(IMPLEMENTATION, hf_local_attention)
+    shared = attn.config
+    own = copy.copy(shared)
+    own.__dict__["_attn_implementation_internal"] = IMPLEMENTATION
+    attn.config = own
+    setattr(attn, _CONFIG, (cfg, original))
+
+    def undo() -> None:
+        attn.config = shared
+        delattr(attn, _CONFIG)
+    return undo

@@ -1,0 +1,171 @@
+"""Local prefill attention with a global tail (method/local_attention.py): the blocked kernel equals the masked
+reference, a window reaching every key equals dense, padded batches equal single prompts, cached generation equals
+the uncached reference, and the cost model counts the keys each query reads."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import tiny_model
+from orthorank.errors import UserError
+from orthorank.method.apply import apply_plan, restore_dense
+from orthorank.method.cost import Arch, compute_sparsity
+from orthorank.method.local_attention import LocalAttention, keys_read, local_allowed, local_attention
+from orthorank.method.plan import Plan
+from orthorank.method.schedules import schedule_plan
+
+ATOL = 1e-5
+
+
+def _ids(batch=1, length=40, vocab=128, seed=3):
+    return torch.randint(3, vocab, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def _signature(m):
+    c = m.config
+    return {"model_type": c.model_type, "num_layers": c.num_hidden_layers, "hidden_size": c.hidden_size,
+            "vocab_size": c.vocab_size}
+
+
+def _plan(m, layers, cfg):
+    return Plan("local", layers, "tiny", _signature(m), attention=cfg,
+                arch=dataclasses.asdict(Arch.from_config(m.config, m.config.num_hidden_layers)))
+
+
+def _masked_forward(m, ids, layers, cfg, prompt_len=None):
+    """The reference: the dense model with its local layers' 4-D mask replaced by local_allowed (one unpadded
+    prompt; the other layers keep the model's own masks)."""
+    allowed = local_allowed(torch.ones_like(ids, dtype=torch.bool), cfg, prompt_len)
+    hooks = []
+    for i in layers:
+        def pre(module, args, kwargs):
+            kwargs["attention_mask"] = allowed
+            return args, kwargs
+        hooks.append(m.model.layers[i].register_forward_pre_hook(pre, with_kwargs=True))
+    try:
+        return m(ids, use_cache=False).logits
+    finally:
+        for h in hooks:
+            h.remove()
+
+
+@pytest.mark.parametrize("n,cfg", [
+    (200, LocalAttention(window=32, sinks=4, tail=16, block=32)),
+    (200, LocalAttention(window=40, sinks=2, tail=0, block=24)),
+    (37, LocalAttention(window=8, sinks=0, tail=5, block=8)),
+    (64, LocalAttention(window=256, sinks=4, tail=64, block=256)),
+])
+def test_the_blocked_kernel_equals_the_masked_reference(n, cfg):
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, h, n, 16, generator=g) for h in (4, 2, 2))
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=local_allowed(torch.ones(2, n, dtype=torch.bool), cfg),
+                                         scale=0.25, enable_gqa=True)
+    assert torch.allclose(local_attention(q, k, v, scale=0.25, cfg=cfg), ref, atol=ATOL)
+
+
+def test_the_pattern_reads_sinks_a_block_aligned_window_and_a_global_tail():
+    cfg = LocalAttention(window=8, sinks=2, tail=4, block=4)
+    allowed = local_allowed(torch.ones(1, 30, dtype=torch.bool), cfg)[0, 0]
+    assert allowed[17].nonzero().ravel().tolist() == [0, 1, *range(8, 18)]  # block 16-19 reads from 16 - 8
+    assert allowed[29].sum() == 30 and allowed[26].sum() == 27  # the last 4 queries: every key
+    assert allowed[3].sum() == 4  # early queries: causal
+    assert np.array_equal(keys_read(30, cfg), allowed.sum(-1).numpy())
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "gemma3"])
+def test_a_window_over_every_key_equals_dense(family):
+    m = tiny_model(family)
+    ids = _ids()
+    dense = m(ids).logits
+    types = getattr(m.config, "layer_types", None)
+    layers = [i for i in range(4) if types is None or types[i] == "full_attention"]
+    apply_plan(m, _plan(m, layers, LocalAttention(window=64, tail=0, block=16)))
+    assert torch.allclose(m(ids).logits, dense, atol=ATOL)
+    restore_dense(m)
+    assert m.model.layers[layers[0]].self_attn.config is m.config
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_local_layers_equal_the_masked_reference_and_change_the_output(family):
+    m = tiny_model(family)
+    ids = _ids(length=60)
+    cfg = LocalAttention(window=8, sinks=2, tail=6, block=8)
+    types = getattr(m.config, "layer_types", None)
+    layers = [i for i in (1, 2, 3) if types is None or types[i] == "full_attention"]
+    dense = m(ids).logits
+    ref = _masked_forward(m, ids, layers, cfg)
+    apply_plan(m, _plan(m, layers, cfg))
+    out = m(ids).logits
+    restore_dense(m)
+    assert torch.allclose(out, ref, atol=1e-4)
+    assert not torch.allclose(out, dense, atol=1e-3)
+
+
+def test_left_padded_batches_equal_single_prompts():
+    m = tiny_model("llama")
+    cfg = LocalAttention(window=8, sinks=2, tail=6, block=8)
+    apply_plan(m, _plan(m, [1, 2, 3], cfg))
+    long, short = _ids(length=50, seed=1)[0], _ids(length=33, seed=2)[0]
+    batch = torch.zeros(2, 50, dtype=torch.long)
+    batch[0], batch[1, 17:] = long, short
+    valid = batch != 0
+    out = m(batch, attention_mask=valid.long(), position_ids=(valid.long().cumsum(-1) - 1).clamp(min=0)).logits
+    for row, ids in ((0, long), (1, short)):
+        single = m(ids[None]).logits[0]
+        assert torch.allclose(out[row, -len(ids):], single, atol=1e-4)
+
+
+def test_cached_generation_equals_the_uncached_reference():
+    m = tiny_model("llama")
+    cfg = LocalAttention(window=8, sinks=2, tail=6, block=8)
+    ids = _ids(length=45)
+    apply_plan(m, _plan(m, [1, 2, 3], cfg))
+    out = m.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    restore_dense(m)
+    seq = ids
+    for _ in range(6):  # greedy, each step an uncached forward whose tail reaches to the prompt's end
+        logits = _masked_forward(m, seq, [1, 2, 3], cfg, prompt_len=torch.tensor([ids.shape[1]]))
+        seq = torch.cat([seq, logits[:, -1].argmax(-1, keepdim=True)], 1)
+    assert torch.equal(out, seq)
+
+
+def test_the_cost_model_counts_the_keys_read():
+    m = tiny_model("llama", layers=6)
+    arch = Arch.from_config(m.config, 6)
+    cfg = LocalAttention(window=256, sinks=4, tail=64, block=256)
+    plan = _plan(m, [3, 4, 5], cfg)
+    assert plan.compute_sparsity(arch, 512) < plan.compute_sparsity(arch, 4096) < plan.compute_sparsity(arch, 8192)
+    assert plan.compute_sparsity(arch, 256) == pytest.approx(0.0)  # every key is within reach
+    assert Plan.from_dict(plan.to_dict()).attention == cfg
+    assert Plan.from_dict(plan.to_dict()).content_hash() == plan.content_hash()
+
+
+def test_the_local_schedule_fills_full_attention_layers_from_the_top_for_the_target():
+    m = tiny_model("gemma3", layers=6)
+    arch = Arch.from_config(m.config, 6)
+    types = m.config.layer_types
+    full = [i for i, t in enumerate(types) if t == "full_attention"]
+    target = compute_sparsity(arch, 4096, "prune", 1) / 4
+    plan = schedule_plan("local", "tiny", _signature(m), arch, target, 4096, layer_types=types)
+    assert plan.method == "local" and set(plan.layers) <= set(full) and plan.layers == full[-len(plan.layers):]
+    assert plan.compute_sparsity(arch, 4096) >= target
+    with pytest.raises(UserError, match="cannot skip"):
+        schedule_plan("local", "tiny", _signature(m), arch, 0.9, 4096, layer_types=types)
+
+
+def test_bad_local_settings_are_one_line_errors():
+    with pytest.raises(UserError, match="window"):
+        LocalAttention(window=0)
+    with pytest.raises(UserError, match="unknown local attention fields"):
+        LocalAttention.from_dict({"windw": 3})
+    m = tiny_model("gemma3")
+    sliding = m.config.layer_types.index("sliding_attention")
+    with pytest.raises(UserError, match="sliding window"):
+        apply_plan(m, _plan(m, [sliding], LocalAttention()))
+    with pytest.raises(UserError, match="local plans"):
+        Plan("orthorank", [1], "tiny", _signature(m), attention=LocalAttention())
