@@ -370,3 +370,34 @@ def test_the_frontier_checks_a_preset_with_its_own_row(capsys, tiny_hf_folder, t
     assert code == 0 and "preset is dense here" in out
     points = json.loads((tmp_path / "f" / "frontier.json").read_text())["lengths"]["256"]["points"]
     assert [p["name"] for p in points] == ["dense"]
+
+
+def test_stop_after_loss_leaves_out_the_levels_above_a_loss(monkeypatch):
+    from orthorank.api import frontier as api_frontier
+    from orthorank.api.options import FrontierOptions
+    from orthorank.evaluation.longctx import Row
+
+    m = tiny_model("llama")
+    dense = Plan("dense", [], "tiny", _signature(m))
+    rows = [Row("dense", "dense", None, dense)] + [Row(f"{meth} {s:g}", meth, s, dense)
+                                                   for meth in ("sleb", "local") for s in (0.05, 0.1, 0.2)]
+    right = [1.0] * 10 + [0.0] * 10
+    got = {"dense": right, "sleb 0.05": [0.0] * 20, "local 0.05": right, "local 0.1": right,
+           "local 0.2": [1.0] * 5 + [0.0] * 15}
+    calls = []
+
+    def fake_scores(opts, lm, rs, items, settings):
+        calls.extend(r.name for r in rs)
+        return {r.name: {f"k{i:02d}": {"score": v} for i, v in enumerate(got[r.name])} for r in rs}
+
+    monkeypatch.setattr(api_frontier, "_scores", fake_scores)
+    opts = FrontierOptions(model="x", out="o", stop_after_loss=True)
+    scores, left_out = api_frontier._scores_until_loss(opts, None, rows, [], {})
+    assert left_out == {"sleb 0.1": "sleb 0.05", "sleb 0.2": "sleb 0.05"}
+    assert "sleb 0.1" not in calls and set(scores) == {"dense", "sleb 0.05", "local 0.05", "local 0.1", "local 0.2"}
+    assert api_frontier.lost(scores["sleb 0.05"], scores["dense"])
+    assert not api_frontier.lost(scores["local 0.1"], scores["dense"])
+    opts = FrontierOptions(model="x", out="o")
+    calls.clear()
+    got.update({"sleb 0.1": [0.0] * 20, "sleb 0.2": [0.0] * 20})
+    assert set(api_frontier._scores_until_loss(opts, None, rows, [], {})[0]) == {r.name for r in rows}

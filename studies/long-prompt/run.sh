@@ -7,7 +7,8 @@
 # prompt's last 64 queries, SnapKV's observation window) on the OrthoRank, router and depth plans; a tail (W = 0 or
 # 64 always-updated last tokens) chosen on calibration prompts for the selecting methods. Scored on 10 samples of
 # two needle tasks (20 items), timed in 5 interleaved rounds, LongBench multi_news (first 3 examples, 64 new tokens)
-# on each method's free point. ShortGPT is left out for time on 2 cores: it is the same family as SLEB and loses to
+# on each method's free point; a setting's levels above one that already lost against dense are not scored
+# (--stop-after-loss: at 4k every method's score fell with its level). ShortGPT is left out for time on 2 cores: it is the same family as SLEB and loses to
 # it on every domain at 10% and 20% in the committed SmolLM2 study (studies/smollm2-135m/perplexity).
 #
 # The router row: `fit-router` on the committed 20% OrthoRank plan's layers, fitted on 8 calibration windows of the
@@ -27,7 +28,7 @@ O=${O:-.venv/bin/orthorank}
 T=${THREADS:-2}
 RUNS=${*:-smollm2-135m:4k gemma3-270m:4k smollm2-135m:8k gemma3-270m:8k}
 SETTINGS="--methods dense,sleb,orthorank,router,depth,progressive,local --levels 0.05,0.1,0.2 --policies attention+window=64
-  --tails 0,64 --samples 10 --calib-samples 8 --repeats 5 --longbench 3 --longbench-new-tokens 64"
+  --tails 0,64 --samples 10 --calib-samples 8 --repeats 5 --longbench 3 --longbench-new-tokens 64 --stop-after-loss"
 
 long_router() {  # $1 model: the plans folder with the router fitted on long prompts (status 1 if the fit failed)
   local m=$1 pd=studies/long-prompt/plans/$1 len=4096

@@ -246,6 +246,32 @@ def _scores(opts: FrontierOptions, lm, rows: list[Row], items: list[Item], setti
     return out
 
 
+def lost(row_scores: dict, dense_scores: dict) -> bool:
+    """A loss the sample shows: the paired difference to dense has its whole 95% interval below 0."""
+    keys = sorted(dense_scores)
+    row, dense = [row_scores[k]["score"] for k in keys], [dense_scores[k]["score"] for k in keys]
+    return summarize({"all": row}, {"all": dense})["all"]["diff"]["high"] < 0.0
+
+
+def _scores_until_loss(opts: FrontierOptions, lm, rows: list[Row], items: list[Item],
+                       settings: dict[str, Any]) -> tuple[dict, dict[str, str]]:
+    """Every row's scores; with --stop-after-loss, a setting's levels (rows of one `method`, in rising level) stop
+    after the first that lost against dense. Returns the scores and {row left out: the row that lost before it}."""
+    if not opts.stop_after_loss:
+        return _scores(opts, lm, rows, items, settings), {}
+    scores = _scores(opts, lm, [rows[0]], items, settings)  # dense
+    lost_at: dict[str, str] = {}
+    left_out: dict[str, str] = {}
+    for row in sorted(rows[1:], key=lambda r: (r.level is None, r.level or 0.0)):
+        if row.method in lost_at:
+            left_out[row.name] = lost_at[row.method]
+            continue
+        scores.update(_scores(opts, lm, [row], items, settings))
+        if lost(scores[row.name], scores["dense"]):
+            lost_at[row.method] = row.name
+    return scores, left_out
+
+
 @torch.no_grad()
 def _times(lm, rows: list[Row], ids: list[int], repeats: int) -> dict[str, list[float]]:
     """Seconds to the first token of every row (batch 1, the prompt `ids`), in interleaved rounds."""
@@ -393,7 +419,8 @@ def run(opts: FrontierOptions) -> int:
                                                                                            keep_recent=w)),
                                  variant=f"+recent={w}")
                              for r in list(rows) if r.method == method and r.variant is None]
-        scores = _scores(opts, lm, rows, items, settings)
+        scores, left_out = _scores_until_loss(opts, lm, rows, items, settings)
+        rows = [r for r in rows if r.name in scores]
         times = _times(lm, rows, items[0].ids, opts.repeats)
         points = _points(rows, scores, times, arch, length)
         for row in rows[1:]:  # every row's plan, for `bench --plan FILE --profile` and `generate --plan FILE`
@@ -404,6 +431,10 @@ def run(opts: FrontierOptions) -> int:
                    f"{opts.repeats} interleaved rounds with a bootstrap interval over rounds; compute = share of "
                    "dense FLOPs skipped at this length; free = no loss against dense the sample shows")
         tables.append(frontier.table(points, length, caption))
+        if left_out:
+            tables[-1] += ("\nNot scored (`--stop-after-loss`: a lower level of the same setting already lost against "
+                           "dense): " + ", ".join(f"{name} (after {after})" for name, after in left_out.items())
+                           + ".\n")
         dense = points[0]
         longbench = None
         if opts.longbench:
@@ -412,6 +443,7 @@ def run(opts: FrontierOptions) -> int:
         result["lengths"][str(length)] = {
             "points": [{**p.to_dict(), "free": frontier.is_free(p, dense)} for p in points],
             "free_speedups": frontier.free_speedups(points), "tails": chosen, "longbench": longbench,
+            "left_out_after_loss": left_out,
             "seconds": round(time.perf_counter() - t0, 1)}
         frontier.plot(points, length, out / f"frontier-{length}.png", f"{lm.name}: retrieval frontier at {length} "
                       "tokens")

@@ -49,6 +49,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="cap on its new tokens, said in the table (default: the task's own)")
     p.add_argument("--longbench-dir", default=None,
                    help="LongBench files (default: longbench/ in --data-dir or ../shared/data)")
+    p.add_argument("--stop-after-loss", action="store_true",
+                   help="score a method's levels from the lowest up and leave out the levels above one that already "
+                        "lost against dense (paired interval below 0): scores fall with the level, so its free "
+                        "speed-up cannot lie there; the table lists what was left out (default: score every level)")
     p.add_argument("--repeats", type=positive_int, default=5,
                    help="interleaved timing rounds per length, after one warm-up round (default %(default)s)")
     p.add_argument("--plans-dir", default=None,
