@@ -34,6 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--length", type=int, default=4096)
     ap.add_argument("--samples", type=int, default=8, help="per task (default %(default)s)")
+    ap.add_argument("--window", type=int, default=LocalAttention.window, help="(default %(default)s)")
+    ap.add_argument("--block", type=int, default=LocalAttention.block, help="(default %(default)s)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
@@ -44,9 +46,10 @@ def main(argv: list[str] | None = None) -> int:
     types = getattr(lm.config, "layer_types", None)
     full = [i for i in range(1, lm.num_layers) if not isinstance(types, list) or types[i] == "full_attention"]
     half = len(full) // 2
+    pattern = LocalAttention(window=args.window, block=args.block)
     rows = [Row("dense", "dense", None, Plan("dense", [], lm.name, lm.signature()))]
     for name, layers in (("local upper half", full[half:]), ("local lower half", full[:half])):
-        rows.append(Row(name, "local", None, Plan("local", layers, lm.name, lm.signature(), attention=LocalAttention(),
+        rows.append(Row(name, "local", None, Plan("local", layers, lm.name, lm.signature(), attention=pattern,
                                                   arch=dataclasses.asdict(arch))))
     items = F.calibration_items(lm, TASKS, args.length, args.samples, None)
     settings = {"tasks": TASKS, "length": args.length, "samples": args.samples, "seed": F.CALIBRATION_SEED,
