@@ -321,13 +321,16 @@ def test_frontier_end_to_end_on_a_tiny_model_with_longbench_on_the_free_points(c
     args = ["frontier", "--model", str(tiny_hf_folder), "--methods", "dense,depth,progressive", "--levels", "0.2",
             "--lengths", "256", "--tasks", "niah_single", "--samples", "2", "--repeats", "2", "--threads", "1",
             "--longbench", "1", "--longbench-new-tokens", "4", "--store", str(tmp_path / "store"),
-            "--out", str(tmp_path / "f")]
+            "--tails", "0,8", "--calib-samples", "1", "--out", str(tmp_path / "f")]
     code, out, err = run_cli(capsys, *args)
     assert code == 0, err
     data = json.loads((tmp_path / "f" / "frontier.json").read_text())
     entry = data["lengths"]["256"]
     dense = entry["points"][0]
     assert dense["method"] == "dense" and data["complete"]
+    assert "largest_shared_with_evaluation" in entry["tails"]  # the calibration prompts were built and checked
+    for method in {p["method"] for p in entry["points"]} & {"depth"}:
+        assert entry["tails"][method]["tail"] in (0, 8)
     for p in entry["points"]:
         point = Point(p["name"], p["method"], p["compute"], p["speedup"], p["score"], level=p["level"])
         assert p["free"] == is_free(point, Point("dense", "dense", 0.0, dense["speedup"], dense["score"]))

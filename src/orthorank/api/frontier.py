@@ -373,6 +373,38 @@ def check(opts: FrontierOptions) -> tuple[list[int], list[str], list[float]]:
     return lengths, tasks, levels
 
 
+def _with_tails(opts: FrontierOptions, lm, rows: list[Row], items: list[Item], tasks: list[str], tails: list[int],
+                length: int) -> tuple[list[Row], dict[str, Any]]:
+    """The rows plus, per selecting method, its rows with the tail W chosen on calibration prompts (W > 0 only), and
+    what was chosen; the calibration prompts are checked to share no text with the evaluation prompts first."""
+    chosen: dict[str, Any] = {}
+    if not tails:
+        return rows, chosen
+    calib = calibration_items(lm, tasks, length, opts.calib_samples, opts.data_dir)
+    shared = largest_shared(items, calib)
+    if shared > MAX_SHARED:
+        raise UserError(f"a calibration prompt shares {shared:.0%} of an evaluation prompt's text at {length} "
+                        "tokens: the tail would be chosen on evaluation text")
+    chosen["largest_shared_with_evaluation"] = round(shared, 4)
+    calib_settings = {"tasks": tasks, "length": length, "samples": opts.calib_samples,
+                      "seed": CALIBRATION_SEED}
+    for method in dict.fromkeys(r.method for r in rows if r.method in SELECTING):
+        # at the method's lowest level: where it still retrieves, so candidates can differ (at its highest
+        # level every candidate may score 0, and the tie would always choose no tail)
+        top = min((r for r in rows if r.method == method and r.variant is None), key=lambda r: r.level)
+        w, means = choose_tail(opts, lm, top, tails, calib, calib_settings)
+        chosen[method] = {"tail": w, "calibration_scores": means, "chosen_on": top.name}
+        print(f"frontier: {method} at {length} tokens: tail W = {w} (calibration scores "
+              + ", ".join(f"{k}: {v:.1f}" for k, v in means.items()) + ")", flush=True)
+        if w:
+            rows += [Row(f"{r.name} [+recent={w}]", f"{method}[+recent={w}]", r.level,
+                         dataclasses.replace(r.plan, selection=dataclasses.replace(r.plan.selection,
+                                                                                   keep_recent=w)),
+                         variant=f"+recent={w}")
+                     for r in list(rows) if r.method == method and r.variant is None]
+    return rows, chosen
+
+
 def run(opts: FrontierOptions) -> int:
     lengths, tasks, levels = check(opts)
     tails = _tails(opts.tails)
@@ -395,30 +427,7 @@ def run(opts: FrontierOptions) -> int:
         rows = _rows(opts, lm, length, levels, print)
         items = _items(builder, lm.tokenizer, tasks, length, opts.samples)
         settings = {"tasks": tasks, "length": length, "samples": opts.samples, "seed": opts.seed}
-        chosen = {}
-        if tails:
-            calib = calibration_items(lm, tasks, length, opts.calib_samples, opts.data_dir)
-            shared = largest_shared(items, calib)
-            if shared > MAX_SHARED:
-                raise UserError(f"a calibration prompt shares {shared:.0%} of an evaluation prompt's text at {length} "
-                                "tokens: the tail would be chosen on evaluation text")
-            chosen["largest_shared_with_evaluation"] = round(shared, 4)
-            calib_settings = {"tasks": tasks, "length": length, "samples": opts.calib_samples,
-                              "seed": CALIBRATION_SEED}
-            for method in dict.fromkeys(r.method for r in rows if r.method in SELECTING):
-                # at the method's lowest level: where it still retrieves, so candidates can differ (at its highest
-                # level every candidate may score 0, and the tie would always choose no tail)
-                top = min((r for r in rows if r.method == method and r.variant is None), key=lambda r: r.level)
-                w, means = choose_tail(opts, lm, top, tails, calib, calib_settings)
-                chosen[method] = {"tail": w, "calibration_scores": means, "chosen_on": top.name}
-                print(f"frontier: {method} at {length} tokens: tail W = {w} (calibration scores "
-                      + ", ".join(f"{k}: {v:.1f}" for k, v in means.items()) + ")", flush=True)
-                if w:
-                    rows += [Row(f"{r.name} [+recent={w}]", f"{method}[+recent={w}]", r.level,
-                                 dataclasses.replace(r.plan, selection=dataclasses.replace(r.plan.selection,
-                                                                                           keep_recent=w)),
-                                 variant=f"+recent={w}")
-                             for r in list(rows) if r.method == method and r.variant is None]
+        rows, chosen = _with_tails(opts, lm, rows, items, tasks, tails, length)
         scores, left_out = _scores_until_loss(opts, lm, rows, items, settings)
         rows = [r for r in rows if r.name in scores]
         times = _times(lm, rows, items[0].ids, opts.repeats)
