@@ -1,7 +1,7 @@
 """`orthorank frontier`: at each prompt length, how much faster prefill gets per method before long-context answers
 get worse (evaluation/frontier.py).
 
-    orthorank frontier --methods dense,sleb,shortgpt,orthorank,depth,progressive --levels 0.05,0.1,0.15,0.2 \\
+    orthorank frontier --methods dense,sleb,shortgpt,orthorank,depth,progressive,local --levels 0.05,0.1,0.15,0.2 \\
         --lengths 4k,8k --samples 10 --repeats 5 --out DIR
 
 Each method runs at several levels, each level a plan skipping about the compute of removing ceil(s L) layers at

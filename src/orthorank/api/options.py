@@ -318,7 +318,7 @@ class FrontierOptions(ModelOptions, StoreOptions):
     """`orthorank frontier`."""
 
     command: ClassVar[str] = "frontier"
-    methods: str = field(default='dense,sleb,shortgpt,orthorank,depth,progressive', metadata={"flag": "--methods", "kind": "value"})
+    methods: str = field(default='dense,sleb,shortgpt,orthorank,depth,progressive,local', metadata={"flag": "--methods", "kind": "value"})
     levels: str = field(default='0.05,0.1,0.15,0.2', metadata={"flag": "--levels", "kind": "value"})
     policies: str | None = field(default=None, metadata={"flag": "--policies", "kind": "value"})
     preset: str | None = field(default=None, metadata={"flag": "--preset", "kind": "value"})

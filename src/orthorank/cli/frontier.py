@@ -16,7 +16,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("frontier", help="prefill speed-up against long-context score per method and level",
                        description=frontier.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_args(p)
-    p.add_argument("--methods", default="dense,sleb,shortgpt,orthorank,depth,progressive",
+    p.add_argument("--methods", default="dense,sleb,shortgpt,orthorank,depth,progressive,local",
                    help=f"comma-separated, from dense, {', '.join(saved())} (levels from the saved search's order) "
                         f"and the schedules {', '.join(SCHEDULES)} (default %(default)s)")
     p.add_argument("--levels", default="0.05,0.1,0.15,0.2",

@@ -95,23 +95,25 @@ class LongPromptBudget:
     """The long-prompt stage: the retrieval frontier (`orthorank frontier`) at these lengths, every method at every
     level, scored on the needle tasks and timed against dense at batch 1; tails chosen on calibration prompts."""
 
-    # standard: 3 levels x 6 methods, the question-scored policy and a tail on the selecting ones; about 28 rows x
+    # standard: 3 levels x 7 methods, the question-scored policy and a tail on the selecting ones; about 28 rows x
     # 20 items, 40 minutes per model at 4k on 2 cores in bfloat16 and 2.5 times that at 8k
     lengths: str = "4k,8k"
     levels: tuple[float, ...] = (0.05, 0.1, 0.2)
     samples: int = 10  # per task
     repeats: int = 5  # interleaved timing rounds per length
-    methods: str = "dense,sleb,shortgpt,orthorank,depth,progressive"
+    methods: str = "dense,sleb,shortgpt,orthorank,depth,progressive,local"
     tasks: str = "niah_single,niah_multikey"
     tails: str | None = "0,64"
     calib_samples: int = 8
     policies: str | None = "attention+window=64"
+    stop_after_loss: bool = True  # levels above a lost one are not scored (api/frontier.py)
 
     def frontier_options(self) -> dict[str, Any]:
         """The stage's settings, as FrontierOptions fields."""
         return {"lengths": self.lengths, "levels": ",".join(f"{s:g}" for s in self.levels), "samples": self.samples,
                 "repeats": self.repeats, "methods": self.methods, "tasks": self.tasks, "tails": self.tails,
-                "calib_samples": self.calib_samples, "policies": self.policies}
+                "calib_samples": self.calib_samples, "policies": self.policies,
+                "stop_after_loss": self.stop_after_loss}
 
 
 @dataclass(frozen=True)
