@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from conftest import tiny_model
+from test_long_prompt import _signature, ids_for as _ids
 from orthorank.errors import UserError
 from orthorank.method.apply import apply_plan, restore_dense
 from orthorank.method.cost import Arch, compute_sparsity
@@ -20,16 +21,6 @@ from orthorank.method.plan import Plan
 from orthorank.method.schedules import schedule_plan
 
 ATOL = 1e-5
-
-
-def _ids(batch=1, length=40, vocab=128, seed=3):
-    return torch.randint(3, vocab, (batch, length), generator=torch.Generator().manual_seed(seed))
-
-
-def _signature(m):
-    c = m.config
-    return {"model_type": c.model_type, "num_layers": c.num_hidden_layers, "hidden_size": c.hidden_size,
-            "vocab_size": c.vocab_size}
 
 
 def _plan(m, layers, cfg):
