@@ -16,7 +16,7 @@ from orthorank.evaluation import frontier
 from orthorank.method import SelectionConfig, apply_orthorank
 from orthorank.method import attention
 from orthorank.method.apply import apply_plan, restore_dense, selective
-from orthorank.method.cost import Arch, compute_sparsity
+from orthorank.method.cost import Arch, compute_sparsity, head_flops, layer_flops, prefill_sparsity
 from orthorank.method.layer import SelectiveLayer
 from orthorank.method.plan import Plan
 from orthorank.method.policies import parse_variant
@@ -135,6 +135,20 @@ def test_pruned_keys_cost_less_attention_and_the_attention_window_costs_its_quer
 
 
 # -- schedules -----------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("vocab", [49152, 262144])
+def test_prefill_share_prices_the_head_once_per_prompt(vocab):
+    """Time to first token runs the LM head on the last position only: removing 6 of 30 equal layers skips
+    6 / (30 + head / (n * layer)) of the prefill, more than the per-token share and at most 6 / 30."""
+    arch = Arch(num_layers=30, hidden=576, heads=9, kv_heads=3, head_dim=64, ffn=1536, vocab=vocab)
+    n = 4096
+    per_token = compute_sparsity(arch, n, "prune", 6)
+    layer = layer_flops(arch, n).dense
+    expected = 6 * layer / (30 * layer + head_flops(arch) / n)
+    assert prefill_sparsity(arch, n, per_token) == pytest.approx(expected, rel=1e-9)
+    assert per_token < prefill_sparsity(arch, n, per_token) < 0.2
+    assert prefill_sparsity(arch, n, 0.0) == 0.0
+
 
 @pytest.mark.parametrize("kind", ["depth", "progressive"])
 @pytest.mark.parametrize("seq_len", [512, 8192])

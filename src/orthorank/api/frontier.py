@@ -42,7 +42,7 @@ from orthorank.evaluation.longctx_suite import (
 from orthorank.evaluation.overlap import MAX_SHARED, NGRAM, ngram_hashes
 from orthorank.evaluation.stats import paired_time_ratio
 from orthorank.method.apply import apply_plan, restore_dense
-from orthorank.method.cost import Arch, compute_sparsity
+from orthorank.method.cost import Arch, compute_sparsity, prefill_sparsity
 from orthorank.method.plan import Plan
 from orthorank.method.policies import parse_variants
 from orthorank.method.presets import Preset, load_preset, preset_plan
@@ -305,7 +305,7 @@ def _points(rows: list[Row], scores: dict, times: dict[str, list[float]], arch: 
         vals = [scores[row.name][k]["score"] for k in sorted(scores[row.name])]
         summary = summarize({"all": vals}, None if row.method == "dense" else {"all": dense_scores})["all"]
         sp = paired_time_ratio(times["dense"], times[row.name])
-        compute = row.plan.compute_sparsity(arch, length) or 0.0
+        compute = prefill_sparsity(arch, length, row.plan.compute_sparsity(arch, length) or 0.0)
         points.append(frontier.Point(
             row.name, row.method, round(compute, 6),
             {"value": sp.value, "low": sp.low, "high": sp.high, "n": sp.n}, summary,
@@ -438,7 +438,8 @@ def run(opts: FrontierOptions) -> int:
                    f"samples per task ({len(items)} items, offline suite seed {opts.seed}), paired with dense, 95% "
                    f"bootstrap intervals; speed-up = time to first token of dense / the row's, batch 1, median of "
                    f"{opts.repeats} interleaved rounds with a bootstrap interval over rounds; compute = share of "
-                   "dense FLOPs skipped at this length; free = no loss against dense the sample shows")
+                   "the dense prefill's FLOPs skipped at this length (LM head on the last position only); free = no "
+                   "loss against dense the sample shows")
         tables.append(frontier.table(points, length, caption))
         if left_out:
             tables[-1] += ("\nNot scored (`--stop-after-loss`: a lower level of the same setting already lost against "

@@ -19,7 +19,7 @@ from typing import Any
 class Point:
     name: str  # e.g. "sleb 3 layers", "progressive 0.15"
     method: str  # its family: dense, sleb, orthorank, depth, progressive, ...
-    compute: float  # share of dense FLOPs skipped at this length (method/cost.py)
+    compute: float  # share of the dense prefill's FLOPs skipped at this length (cost.prefill_sparsity)
     speedup: dict[str, float]  # {"value", "low", "high", "n"}: dense time / row time, paired rounds
     score: dict[str, Any]  # {"mean", "low", "high", "n", "diff": {"value", "low", "high"}} in points (%)
     layers: int = 0  # layers the plan changes

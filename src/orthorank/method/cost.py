@@ -57,6 +57,16 @@ def head_flops(arch: Arch) -> float:
     return float(4 * arch.hidden + 2 * arch.hidden * arch.vocab)
 
 
+def prefill_sparsity(arch: Arch, seq_len: int, share: float) -> float:
+    """A plan's share of the dense *prefill's* FLOPs skipped, from its per-token share (compute_sparsity, which
+    prices the LM head on every position, as perplexity needs). Time to first token runs the head on the last
+    position only, so the same skipped FLOPs are a larger share of less work: for Gemma 3's 262k-token head the
+    per-token measure would understate every prefill plan's share about twofold."""
+    total = model_flops(arch, seq_len)
+    head = head_flops(arch)
+    return share * total / (total - head + head / seq_len)
+
+
 def kept_fraction(seq_len: int, ratio: float) -> float:
     return keep_count(seq_len, ratio) / seq_len
 
