@@ -149,6 +149,22 @@ def test_the_local_schedule_fills_full_attention_layers_from_the_top_for_the_tar
         schedule_plan("local", "tiny", _signature(m), arch, 0.9, 4096, layer_types=types)
 
 
+def test_a_local_preset_past_its_reach_uses_every_full_attention_layer_and_a_short_prompt_runs_dense():
+    from orthorank.method.presets import Preset, preset_plan
+
+    m = tiny_model("gemma3", layers=6)
+    arch = Arch.from_config(m.config, 6)
+    types = m.config.layer_types
+    full = [i for i, t in enumerate(types) if t == "full_attention" and i >= 1]
+    most = schedule_plan("local", "tiny", _signature(m), arch, 0.9, 4096, layer_types=types, at_most_reach=True)
+    assert most.layers == full and most.provenance["at_most_reach"]
+    preset = Preset("long-prompt", "local", 0.4)
+    plan = preset_plan(preset, "tiny", _signature(m), arch, 4096, layer_types=types)
+    assert plan.method == "local" and plan.layers == full and plan.provenance["preset"] == "long-prompt"
+    short = preset_plan(preset, "tiny", _signature(m), arch, 200, layer_types=types)  # within the 256-token window
+    assert short.method == "dense" and not short.layers
+
+
 def test_bad_local_settings_are_one_line_errors():
     with pytest.raises(UserError, match="window"):
         LocalAttention(window=0)

@@ -303,6 +303,25 @@ def test_the_preset_is_the_best_free_speedup_across_models_and_lengths():
     assert none.method == "dense" and "no setting" in none.evidence["reason"]
 
 
+def _point(method, level, free):
+    return {"name": f"{method} {level}", "method": method, "level": level, "free": free}
+
+
+def test_the_preset_level_is_the_highest_free_below_a_loss_and_unmeasured_reach_does_not_lower_it():
+    from orthorank.study.presets import choose, free_through
+
+    # model a: local free at every level it reaches (0.05-0.4); model b: free through 0.1, lost at 0.2
+    a = {"points": [_point("local", s, True) for s in (0.05, 0.1, 0.2, 0.4)],
+         "free_speedups": {"local": _free(0.4, 1.5)}}
+    b = {"points": [_point("local", 0.05, True), _point("local", 0.1, True), _point("local", 0.2, False)],
+         "free_speedups": {"local": _free(0.05, 1.06)}}
+    assert free_through(a, "local") is None and free_through(b, "local") == 0.1
+    preset = choose({"a": {"model": "a", "lengths": {"8192": a}}, "b": {"model": "b", "lengths": {"8192": b}}}, "p")
+    assert (preset.method, preset.level) == ("local", 0.1)
+    alone = choose({"a": {"model": "a", "lengths": {"8192": a}}}, "p")
+    assert alone.level == 0.4  # never lost: its highest free level
+
+
 def test_a_preset_builds_its_plan_for_the_prompt_length_with_its_tail(tmp_path, monkeypatch, capsys, tiny_hf_folder):
     import json
 

@@ -71,7 +71,11 @@ def preset_plan(preset: Preset, model: str, signature: dict[str, Any], arch: Arc
     removed = min(L - 1, math.ceil(preset.level * L - 1e-9))
     target = compute_sparsity(arch, prompt_len, "prune", removed)
     if preset.method in SCHEDULES:
-        plan = schedule_plan(preset.method, model, signature, arch, target, prompt_len, layer_types=layer_types)
+        plan = schedule_plan(preset.method, model, signature, arch, target, prompt_len, layer_types=layer_types,
+                             at_most_reach=True)
+        if plan.method == "local" and plan.compute_sparsity(arch, prompt_len) <= 0.0:
+            return Plan("dense", [], model, signature, provenance={"preset": preset.name,
+                                                                   "why": "the prompt fits local attention's window"})
     else:
         if saved is None or not saved.provenance.get("order"):
             raise UserError(f"the {preset.name} preset needs the saved {preset.method} plan of this model")

@@ -68,16 +68,18 @@ def _solve(make, arch: Arch, seq_len: int, target: float, what: str) -> Plan:
 
 def schedule_plan(kind: str, model: str, signature: dict[str, Any], arch: Arch, target: float, seq_len: int,
                   start: float | None = None, selection: SelectionConfig | None = None,
-                  layer_types: list[str] | None = None) -> Plan:
+                  layer_types: list[str] | None = None, at_most_reach: bool = False) -> Plan:
     """A `kind` schedule (SCHEDULES) for a model that skips `target` of its compute at `seq_len` tokens.
-    layer_types: the model's config.layer_types where it has them (local attention skips sliding layers)."""
+    layer_types: the model's config.layer_types where it has them (local attention skips sliding layers).
+    at_most_reach: a local schedule whose target is past its reach (a short prompt, few full-attention layers) is
+    every full-attention layer it may use, rather than an error."""
     if kind not in SCHEDULES:
         raise UserError(f"unknown schedule {kind!r}; choose one of {', '.join(SCHEDULES)}")
     start = DEFAULT_START[kind] if start is None else start
     L = arch.num_layers
     first = first_layer(L, start)
     if kind == "local":
-        return _local_plan(model, signature, arch, target, seq_len, first, start, layer_types)
+        return _local_plan(model, signature, arch, target, seq_len, first, start, layer_types, at_most_reach)
     if kind == "depth":
         sel = selection or SelectionConfig()
         last = L - 2  # the last layer stays dense, as in every search
@@ -98,7 +100,7 @@ def schedule_plan(kind: str, model: str, signature: dict[str, Any], arch: Arch, 
 
 
 def _local_plan(model: str, signature: dict[str, Any], arch: Arch, target: float, seq_len: int, first: int,
-                start: float, layer_types: list[str] | None) -> Plan:
+                start: float, layer_types: list[str] | None, at_most_reach: bool = False) -> Plan:
     """The fewest full-attention layers, from the last one down to `first`, whose local attention skips at least
     the target's compute share at seq_len."""
     full = [i for i in range(first, arch.num_layers)
@@ -110,7 +112,10 @@ def _local_plan(model: str, signature: dict[str, Any], arch: Arch, target: float
                     provenance=provenance)
         if plan.compute_sparsity(arch, seq_len) >= target - 1e-9:
             return plan
-    most = Plan("local", full, model, signature, attention=LocalAttention(), arch=dataclasses.asdict(arch))
+    most = Plan("local", full, model, signature, attention=LocalAttention(), arch=dataclasses.asdict(arch),
+                provenance={**provenance, "at_most_reach": True})
+    if at_most_reach and full:
+        return most
     raise UserError(f"the local schedule cannot skip {target:.3f} of the compute at {seq_len} tokens (at most "
                     f"{most.compute_sparsity(arch, seq_len):.3f} with all {len(full)} full-attention layers from "
                     f"layer {first}): lower the target")

@@ -1,5 +1,6 @@
 """Choose a preset from committed frontier files (method/presets.py): the setting with the best free speed-up across
-every model and length measured, its level the lowest at which it was free on each.
+every model and length measured, its level the highest that was free on each below any loss there (a model whose
+every measured level was free, up to the schedule's reach, does not lower it).
 
     python -m orthorank.study.presets studies/smollm2-135m/long-prompt/frontier.json \\
         studies/gemma3-270m/long-prompt/frontier.json --name long-prompt
@@ -32,6 +33,20 @@ def parse_family(family: str) -> tuple[str, str | None, int]:
     return base, spec or None, 0
 
 
+def free_through(entry: dict[str, Any], family: str) -> float | None:
+    """The highest level at which `family` was still free in one frontier entry, below its first loss; None where it
+    lost at no level measured (a schedule's levels past its reach are not measured, and the preset's plan stops at
+    the reach). An entry without its points bounds the family at its best free point's level."""
+    points = [p for p in entry.get("points", []) if p["method"] == family]
+    best = entry["free_speedups"][family]["level"]
+    if not points:
+        return best
+    lost = [p["level"] for p in points if not p["free"]]
+    if not lost:
+        return None
+    return max((p["level"] for p in points if p["free"] and p["level"] < min(lost)), default=best)
+
+
 def choose(frontiers: dict[str, dict[str, Any]], name: str) -> Preset:
     """frontiers: {label (e.g. the model): frontier.json contents}."""
     settings = [(label, length, entry) for label, data in frontiers.items()
@@ -54,9 +69,10 @@ def choose(frontiers: dict[str, dict[str, Any]], name: str) -> Preset:
                                                "measured", "measured": where, "worst_free_speedup": table})
     family = ranked[0][0]
     method, policy, tail = parse_family(family)
-    levels = [entry["free_speedups"][family]["level"] for _, _, entry in settings]
+    bounds = [b for b in (free_through(entry, family) for _, _, entry in settings) if b is not None]
+    level = min(bounds) if bounds else max(entry["free_speedups"][family]["level"] for _, _, entry in settings)
     per_setting = {f"{label} {length}": entry["free_speedups"][family] for label, length, entry in settings}
-    return Preset(name, method, min(levels), tail, policy,
+    return Preset(name, method, level, tail, policy,
                   evidence={"chosen": family, "worst_free_speedup": table, "measured": where,
                             "free_points": {k: {"point": v["point"], "level": v["level"], "speedup": v["speedup"],
                                                 "score_mean": v["score"]["mean"]} for k, v in per_setting.items()}})
