@@ -142,6 +142,8 @@ def test_bench_cli_prefill_decode_layer(tmp_path):
     assert {"dense_layer", "selective_layer", "selective_layer_unchunked", "input_norm", "scoring",
             "scoring_and_topk"} <= set(layer["timing"])
     assert layer["attention_chunks"] == 1 and layer["unchunked_attention_cost_fraction"] > 0
+    alone = layer["attention_alone"]  # 24 tokens fit the local window: its keys are every key, its ideal is 1
+    assert alone["local_fraction_of_causal"] > 0 and alone["local_ideal_fraction_of_causal"] == pytest.approx(1.0)
     assert runs["prefill"]["methods"][0]["speedup_vs_dense_best_runs"] == pytest.approx(1.0)
     from orthorank.bench.report import markdown_table
 

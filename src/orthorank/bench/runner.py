@@ -25,6 +25,7 @@ from orthorank.method.apply import apply_hybrid, apply_orthorank, prune_layers, 
 from orthorank.method.attention import SPLIT_MIN_KEYS, _sdpa, query_chunks
 from orthorank.method.cost import Arch, compute_sparsity, hybrid_compute_sparsity
 from orthorank.method.layer import SelectiveLayer, SequenceContext
+from orthorank.method.local_attention import LocalAttention, local_attention, mean_keys_read
 from orthorank.method.orthogonality import sink_scores
 from orthorank.method.plan import Plan, layers_for_sparsity
 from orthorank.method.plan_store import find_plan
@@ -541,9 +542,13 @@ def run_layer(model: nn.Module, selection: SelectionConfig, settings: RunSetting
             "query_fraction": keep_count(T, selection.ratio) / T,
             "causal_share_of_dense_layer": stats["attention_causal"]["median_s"] / dense,
             "in_use": path,
+            "local_fraction_of_causal": stats["attention_local"]["median_s"] / stats["attention_causal"]["median_s"],
+            # what time would be if it followed the keys read (method/local_attention.py's cost model)
+            "local_ideal_fraction_of_causal": mean_keys_read(T, LocalAttention()) / ((T + 1) / 2),
             "note": "masked: method/attention.py's query chunks with a boolean mask; split: method/attention_split.py "
                     "(prefix unmasked + diagonal masked, merged by log-sum-exp), which full-attention selection "
-                    f"layers use on CPU from {SPLIT_MIN_KEYS} keys on"}}
+                    f"layers use on CPU from {SPLIT_MIN_KEYS} keys on; local: the local schedule's blocked kernel "
+                    "(method/local_attention.py) over every query"}}
            if "attention_split" in stats else {}),
         "scores_bmm_out_dtype": _bmm_flag(),
         "profile": prof,
@@ -577,6 +582,8 @@ def _attention_alone(cfg, selected, T: int, wrapper, dtype: torch.dtype, device:
     }
     if attention_split.available():
         fns["attention_split"] = lambda: attention_split.split_attention(q_sel, idx, k, v, scale, chunks)
+    local = LocalAttention()  # the local schedule's pattern: every query, a window instead of every key
+    fns["attention_local"] = lambda: local_attention(q_all, k, v, scale=scale, cfg=local)
     return fns
 
 
