@@ -176,3 +176,21 @@ def test_bad_local_settings_are_one_line_errors():
         apply_plan(m, _plan(m, [sliding], LocalAttention()))
     with pytest.raises(UserError, match="local plans"):
         Plan("orthorank", [1], "tiny", _signature(m), attention=LocalAttention())
+
+
+def test_the_frontier_adds_local_attention_at_its_reach_once():
+    from types import SimpleNamespace
+
+    from orthorank.api.frontier import _rows
+    from orthorank.api.options import FrontierOptions
+
+    m = tiny_model("gemma3", layers=6)
+    full = [i for i, t in enumerate(m.config.layer_types) if t == "full_attention" and i >= 1]
+    lm = SimpleNamespace(config=m.config, num_layers=6, name="tiny", signature=lambda: _signature(m))
+    logged = []
+    opts = FrontierOptions(model="tiny", methods="dense,local", out="unused")
+    rows = _rows(opts, lm, 4096, [0.3, 0.6, 0.9], logged.append)
+    local = [r for r in rows if r.method == "local"]
+    # every level past the reach would be the same plan: one row at the reach, the others left out and logged
+    assert [r.plan.layers for r in local][-1] == full and len({tuple(r.plan.layers) for r in local}) == len(local)
+    assert any("past its reach" in line for line in logged)

@@ -122,10 +122,17 @@ def _rows(opts: FrontierOptions, lm, length: int, levels: list[float], log) -> l
             if method in SCHEDULES:
                 try:
                     plan = schedule_plan(method, lm.name, lm.signature(), arch, target, length,
-                                         start=opts.schedule_start, layer_types=getattr(lm.config, "layer_types", None))
+                                         start=opts.schedule_start, layer_types=getattr(lm.config, "layer_types", None),
+                                         at_most_reach=True)
                 except UserError as exc:  # this level is out of the schedule's reach: the others still run
                     log(f"frontier: {method} at {s:g} left out: {exc}")
                     continue
+                if plan.provenance.get("at_most_reach"):  # the first level past local attention's reach: all of it
+                    if any(r.method == method and r.plan.layers == plan.layers for r in rows):
+                        log(f"frontier: {method} at {s:g} left out: past its reach, whose plan is already a row")
+                        continue
+                    log(f"frontier: {method} at {s:g} is past its reach: every full-attention layer it may use "
+                        f"({len(plan.layers)}), skipping {plan.compute_sparsity(arch, length):.3f} of the compute")
                 label = f"{method} {s:g}"
             else:
                 saved_plan = saved[method]
