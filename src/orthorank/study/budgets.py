@@ -95,10 +95,12 @@ class LongPromptBudget:
     """The long-prompt stage: the retrieval frontier (`orthorank frontier`) at these lengths, every method at every
     level, scored on the needle tasks and timed against dense at batch 1; tails chosen on calibration prompts."""
 
-    # standard: 3 levels x 7 methods, the question-scored policy and a tail on the selecting ones; about 28 rows x
-    # 20 items, 40 minutes per model at 4k on 2 cores in bfloat16 and 2.5 times that at 8k
+    # standard: 7 methods at levels to 40% (past 20% only local attention, whose share of a long prefill grows with
+    # its length, is still scored: every other method lost below it on the frontiers measured, and --stop-after-loss
+    # leaves out the levels above a loss), the question-scored policy and a tail on the selecting ones; 40-60 minutes
+    # per model at 4k on 2 cores in bfloat16 and 2.5 times that at 8k
     lengths: str = "4k,8k"
-    levels: tuple[float, ...] = (0.05, 0.1, 0.2)
+    levels: tuple[float, ...] = (0.05, 0.1, 0.2, 0.3, 0.4)
     samples: int = 10  # per task
     repeats: int = 5  # interleaved timing rounds per length
     methods: str = "dense,sleb,shortgpt,orthorank,depth,progressive,local"
@@ -163,7 +165,7 @@ BUDGETS: dict[str, Budget] = {
                    transfer=TransferBudget(ISSUE_SETTINGS, 64, 2048, (0.1, 0.2)),
                    policies=PolicyBudget("1k,2k,4k", 50, ("niah_single", "niah_multikey"), 20),
                    router=RouterBudget(64, 2048),
-                   long_prompt=LongPromptBudget("4k,8k,16k", (0.05, 0.1, 0.15, 0.2, 0.25), 25, 9,
+                   long_prompt=LongPromptBudget("4k,8k,16k", (0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5), 25, 9,
                                                  tails="0,16,64,256")),
     # for tests and a smoke run of a new setup: every stage, seconds on a tiny model
     "test": Budget("test", (0.1, 0.2), (0.2,), 2, 64, 4, "512", 2, 6, 64, 1, False, 4,
