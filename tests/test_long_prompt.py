@@ -322,6 +322,36 @@ def test_the_preset_level_is_the_highest_free_below_a_loss_and_unmeasured_reach_
     assert alone.level == 0.4  # never lost: its highest free level
 
 
+def test_the_frontier_summary_judges_the_bar_from_the_interval(tmp_path):
+    import json
+
+    from orthorank.study.frontier_summary import bar_verdict, main
+
+    assert bar_verdict({"value": 1.4, "low": 1.3, "high": 1.5}, 1.25) == "above"
+    assert bar_verdict({"value": 1.3, "low": 1.1, "high": 1.5}, 1.25) == "not decided"
+    assert bar_verdict({"value": 1.1, "low": 1.0, "high": 1.2}, 1.25) == "below"
+
+    def point(name, method, level, free, speed, diff):
+        return {"name": name, "method": method, "level": level, "free": free, "layers": 3, "compute": 0.2,
+                "ideal_speedup": 1.25, "speedup": {"value": speed, "low": speed - 0.05, "high": speed + 0.05},
+                "score": {"n": 20, "mean": 60.0 + diff, "low": 40.0, "high": 80.0,
+                          "diff": {"value": diff, "low": diff - 10, "high": min(0.0, diff + 10)}}}
+
+    pts = [point("dense", "dense", None, True, 1.0, 0.0), point("sleb 0.1", "sleb", 0.1, False, 1.1, -30.0),
+           point("local 0.1", "local", 0.1, True, 1.2, 0.0), point("local 0.2", "local", 0.2, True, 1.4, 0.0)]
+    entry = {"points": pts, "free_speedups": {"sleb": None, "local": {"point": "local 0.2", "level": 0.2,
+                                                                        "speedup": pts[3]["speedup"]}}}
+    f = tmp_path / "frontier.json"
+    f.write_text(json.dumps({"model": "m", "repeats": 5, "complete": True, "lengths": {"8192": entry}}))
+    out = tmp_path / "summary.md"
+    assert main([str(f), "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "| m | 8192 | local | 1.400 [1.350, 1.450]x | local 0.2 | above |" in text
+    assert "| sleb | none | - | - | - | - | sleb 0.1: -30.0 [-40.0, -20.0] |" in text
+    f.write_text(json.dumps({"model": "m", "complete": False, "lengths": {}}))
+    assert main([str(f)]) == 2
+
+
 def test_a_preset_builds_its_plan_for_the_prompt_length_with_its_tail(tmp_path, monkeypatch, capsys, tiny_hf_folder):
     import json
 

@@ -1,0 +1,116 @@
+"""One table over committed frontier files: per model and length, each method's free speed-up with its interval,
+where it was measured, and the first level that was not free; then each model and length's best
+setting against a speed-up bar (issue 45's anchor: 1.25x), judged from the interval.
+
+    python -m orthorank.study.frontier_summary studies/long-prompt/*/*/frontier.json \\
+        --out studies/long-prompt/summary.md --bar 1.25
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from orthorank.errors import UserError
+from orthorank.results import atomic_write_text
+
+
+def _iv(d: dict[str, Any], spec: str = ".3f", unit: str = "") -> str:
+    value = d["value"] if "value" in d else d["mean"]  # a speed-up has a value, a score a mean
+    return f"{format(value, spec)}{unit} [{format(d['low'], spec)}, {format(d['high'], spec)}]{unit}"
+
+
+def _diff(score: dict[str, Any]) -> str:
+    d = score["diff"]
+    return f"{d['value']:+.1f} [{d['low']:+.1f}, {d['high']:+.1f}]"
+
+
+def bar_verdict(speedup: dict[str, Any], bar: float) -> str:
+    """Against the bar from the interval: "above" (its whole interval), "below" (its whole interval), else "not
+    decided" (the interval straddles the bar)."""
+    if speedup["low"] >= bar:
+        return "above"
+    if speedup["high"] < bar:
+        return "below"
+    return "not decided"
+
+
+def method_rows(entry: dict[str, Any]) -> list[list[str]]:
+    points = entry["points"]
+    families = list(dict.fromkeys(p["method"] for p in points if p["method"] != "dense"))
+    rows = []
+    for f in families:
+        mine = sorted((p for p in points if p["method"] == f), key=lambda p: p["level"] or 0.0)
+        best = entry["free_speedups"].get(f)
+        lost = next((p for p in mine if not p["free"]), None)
+        loss = f"{lost['name']}: {_diff(lost['score'])}" if lost else "none (every level measured was free)"
+        if best is None:
+            rows.append([f, "none", "-", "-", "-", "-", loss])
+            continue
+        point = next(p for p in mine if p["name"] == best["point"])
+        rows.append([f, f"{_iv(best['speedup'])}x", f"{best['point']} ({point['layers']} layers)",
+                     f"{point['compute']:.3f}", f"{point['ideal_speedup']:.3f}x", _diff(point["score"]), loss])
+    return rows
+
+
+def summarize(files: dict[str, dict[str, Any]], bar: float) -> str:
+    out = []
+    best_rows = []
+    for source, data in files.items():
+        for length, entry in data["lengths"].items():
+            dense = entry["points"][0]
+            items = dense["score"]["n"]
+            out += [f"### {data['model']}, {length} tokens", "",
+                    f"`{source}`: {items} needle items, dense {_iv(dense['score'], '.1f')}%; speed-up median of "
+                    f"{data['repeats']} interleaved rounds, batch 1, with its bootstrap interval; free = no loss "
+                    "against dense the sample shows (a slice: say so when quoting)", "",
+                    "| method | free speed-up [95% CI] | at | compute | FLOP ideal | score vs dense (points) | first point not free |",
+                    "|---|---|---|---|---|---|---|"]
+            rows = method_rows(entry)
+            out += ["| " + " | ".join(r) + " |" for r in rows]
+            out.append("")
+            free = {f: b for f, b in entry["free_speedups"].items() if b is not None}
+            if free:
+                f, b = max(free.items(), key=lambda kv: kv[1]["speedup"]["value"])
+                best_rows.append([data["model"], length, f, f"{_iv(b['speedup'])}x", b["point"],
+                                  bar_verdict(b["speedup"], bar)])
+            else:
+                best_rows.append([data["model"], length, "none", "-", "-", "no free point"])
+    head = [f"Best free speed-up per model and length, against the {bar:g}x bar (above / below: the whole 95% interval; "
+            "not decided: the interval straddles it)", "",
+            "| model | length | best setting | free speed-up [95% CI] | at | vs the bar |", "|---|---|---|---|---|---|"]
+    head += ["| " + " | ".join(r) + " |" for r in best_rows]
+    return "\n".join(head + [""] + out).rstrip() + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m orthorank.study.frontier_summary", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("frontiers", nargs="+", help="frontier.json files")
+    p.add_argument("--out", default=None, help="write the summary here (default: print it)")
+    p.add_argument("--bar", type=float, default=1.25, help="the speed-up bar (default %(default)s)")
+    args = p.parse_args(argv)
+    try:
+        files = {}
+        for f in args.frontiers:
+            data = json.loads(Path(f).read_text())
+            if not data.get("complete"):
+                raise UserError(f"{f} is not a complete frontier run")
+            files[f] = data
+        text = summarize(files, args.bar)
+    except (OSError, json.JSONDecodeError, KeyError, UserError) as exc:
+        print(f"frontier_summary: error: {exc}", file=sys.stderr)
+        return 2
+    if args.out:
+        atomic_write_text(Path(args.out), text)
+        print(f"wrote {args.out}")
+    else:
+        print(text, end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
