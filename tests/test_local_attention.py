@@ -163,6 +163,9 @@ def test_a_local_preset_past_its_reach_uses_every_full_attention_layer_and_a_sho
     assert plan.method == "local" and plan.layers == full and plan.provenance["preset"] == "long-prompt"
     short = preset_plan(preset, "tiny", _signature(m), arch, 200, layer_types=types)  # within the 256-token window
     assert short.method == "dense" and not short.layers
+    measured_from = dataclasses.replace(preset, min_length=4096)  # unmeasured below: dense
+    assert preset_plan(measured_from, "tiny", _signature(m), arch, 4095, layer_types=types).method == "dense"
+    assert preset_plan(measured_from, "tiny", _signature(m), arch, 4096, layer_types=types).layers == full
 
 
 def test_bad_local_settings_are_one_line_errors():

@@ -297,6 +297,7 @@ def test_the_preset_is_the_best_free_speedup_across_models_and_lengths():
     preset = choose({"a": a, "b": b}, "long-prompt")
     # progressive has no free point at 4k on model a (worth 1.0); depth with its tail is free everywhere
     assert (preset.method, preset.tail, preset.policy, preset.level) == ("depth", 64, None, 0.05)
+    assert preset.min_length == 4096  # the shortest length it was measured at
     assert preset.evidence["worst_free_speedup"]["depth[+recent=64]"] == 1.12
     assert parse_family("orthorank[attention+window=64]") == ("orthorank", "attention+window=64", 0)
     none = choose({"b": {"model": "b", "lengths": {"8192": {"free_speedups": {"sleb": None}}}}}, "long-prompt")

@@ -99,7 +99,8 @@ def run(opts: GenerateOptions) -> int:
                            max(map(len, rows)), base, layer_types=getattr(lm.config, "layer_types", None))
         print(f"preset {preset.name}: {preset.method}" + (f" at {preset.level:g}" if preset.level else "")
               + (f", always updating the last {preset.tail} tokens" if preset.tail else "")
-              + f" ({len(plan.layers)} layers changed)", file=sys.stderr)
+              + f" ({len(plan.layers)} layers changed"
+              + (f"; {plan.provenance['why']}" if "why" in plan.provenance else "") + ")", file=sys.stderr)
     for r in rows:
         check_context(lm.model, len(r) + opts.max_new_tokens)
     check_memory(lm, min(opts.batch_size, len(rows)), max(map(len, rows)),

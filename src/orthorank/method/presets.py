@@ -34,6 +34,7 @@ class Preset:
     level: float | None = None
     tail: int = 0  # always-updated last tokens of the prompt (within K)
     policy: str | None = None  # a policy variant on its selection layers (method/policies.parse_variant)
+    min_length: int = 0  # the shortest prompt length it was measured at: shorter prompts run dense (unmeasured)
     evidence: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -67,6 +68,10 @@ def preset_plan(preset: Preset, model: str, signature: dict[str, Any], arch: Arc
     methods that are not schedules."""
     if preset.method == "dense":
         return Plan("dense", [], model, signature)
+    if prompt_len < preset.min_length:  # no evidence there: local attention, for one, is slower than dense at 1k
+        return Plan("dense", [], model, signature,
+                    provenance={"preset": preset.name, "why": f"prompts under {preset.min_length} tokens run dense: "
+                                                              "the preset was measured from that length on"})
     L = arch.num_layers
     removed = min(L - 1, math.ceil(preset.level * L - 1e-9))
     target = compute_sparsity(arch, prompt_len, "prune", removed)

@@ -72,7 +72,7 @@ def choose(frontiers: dict[str, dict[str, Any]], name: str) -> Preset:
     bounds = [b for b in (free_through(entry, family) for _, _, entry in settings) if b is not None]
     level = min(bounds) if bounds else max(entry["free_speedups"][family]["level"] for _, _, entry in settings)
     per_setting = {f"{label} {length}": entry["free_speedups"][family] for label, length, entry in settings}
-    return Preset(name, method, level, tail, policy,
+    return Preset(name, method, level, tail, policy, min(int(length) for _, length, _ in settings),
                   evidence={"chosen": family, "worst_free_speedup": table, "measured": where,
                             "free_points": {k: {"point": v["point"], "level": v["level"], "speedup": v["speedup"],
                                                 "score_mean": v["score"]["mean"]} for k, v in per_setting.items()}})
