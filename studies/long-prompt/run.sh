@@ -6,7 +6,7 @@
 # (SmolLM2-135M) of the prefill (levels: the compute of pruning that share of the layers); the question-scored policy
 # (attention of the prompt's last 64 queries, SnapKV's observation window) on the OrthoRank plan. Scored on two
 # needle tasks, 10 samples each (20 items) at 4k and 5 (10 items) at 8k, for time (one 8k prefill takes 35 s on one
-# core); timed in 5 interleaved rounds; LongBench multi_news (first 3 examples, 64 new tokens) on each method's free
+# core); timed in 5 interleaved rounds at 4k and 3 at 8k; LongBench multi_news (first 3 examples, 64 new tokens) on each method's free
 # point. A setting's levels above one that already lost against dense are not scored (--stop-after-loss: at 4k every
 # selecting and pruning method's score fell with its level). Levels past 20% exist for local attention, whose share
 # of the prefill grows with the prompt (at 8k SmolLM2-135M's attention is over half of a layer's FLOPs); a level out
@@ -30,19 +30,21 @@ cd "$(dirname "$0")/../.."
 O=${O:-.venv/bin/orthorank}
 T=${THREADS:-2}
 RUNS=${*:-smollm2-135m:8k gemma3-270m:4k gemma3-270m:8k smollm2-135m:4k-local}
-COMMON="--policies attention+window=64 --repeats 5 --longbench 3 --longbench-new-tokens 64 --stop-after-loss"
+COMMON="--policies attention+window=64 --longbench 3 --longbench-new-tokens 64 --stop-after-loss"
 # Not the depth schedule (it lost at every level at 4k on SmolLM2-135M, as the paper's rule did), for time
 METHODS="--methods dense,sleb,orthorank,router,progressive,local"
 settings_for() {  # $1 model:length
   case $1 in
     # SmolLM2-135M at 4k, local attention's levels to its reach (the other methods' rows are in 4k/, measured before
     # local attention existed; SLEB's rows here repeat its scores from the store)
-    smollm2-135m:4k-local) echo "--methods dense,sleb,local --levels 0.05,0.1,0.2,0.3 --samples 10 $COMMON" ;;
+    smollm2-135m:4k-local) echo "--methods dense,sleb,local --levels 0.05,0.1,0.2,0.3 --samples 10 --repeats 5 $COMMON" ;;
     # Gemma 3 270M: local attention reaches 5% of the prefill at most (3 full-attention layers of 18)
-    gemma3-270m:4k) echo "$METHODS --levels 0.05,0.1,0.2 --samples 10 $COMMON" ;;
-    gemma3-270m:8k) echo "$METHODS --levels 0.05,0.1,0.2 --samples 5 $COMMON" ;;
-    # SmolLM2-135M: 5% is left out (at 4k every method but local lost there already); levels to 40% for local
-    *) echo "$METHODS --levels 0.1,0.2,0.3,0.4 --samples 5 $COMMON" ;;
+    gemma3-270m:4k) echo "$METHODS --levels 0.05,0.1,0.2 --samples 10 --repeats 5 $COMMON" ;;
+    # at 8k, for time: no router rows, 3 timing rounds
+    gemma3-270m:8k) echo "--methods dense,sleb,orthorank,progressive,local --levels 0.05,0.1,0.2 --samples 5 --repeats 3 $COMMON" ;;
+    # SmolLM2-135M: 5% is left out (at 4k every method but local lost there already); 10%, 20% and 40%, the last
+    # for local attention; 3 timing rounds, for time
+    *) echo "$METHODS --levels 0.1,0.2,0.4 --samples 5 --repeats 3 $COMMON" ;;
   esac
 }
 
