@@ -304,7 +304,7 @@ def test_the_preset_is_the_best_free_speedup_across_models_and_lengths():
     assert none.method == "dense" and "no setting" in none.evidence["reason"]
 
 
-def _point(method, level, free):
+def _json_point(method, level, free):
     return {"name": f"{method} {level}", "method": method, "level": level, "free": free}
 
 
@@ -312,9 +312,10 @@ def test_the_preset_level_is_the_highest_free_below_a_loss_and_unmeasured_reach_
     from orthorank.study.presets import choose, free_through
 
     # model a: local free at every level it reaches (0.05-0.4); model b: free through 0.1, lost at 0.2
-    a = {"points": [_point("local", s, True) for s in (0.05, 0.1, 0.2, 0.4)],
+    a = {"points": [_json_point("local", s, True) for s in (0.05, 0.1, 0.2, 0.4)],
          "free_speedups": {"local": _free(0.4, 1.5)}}
-    b = {"points": [_point("local", 0.05, True), _point("local", 0.1, True), _point("local", 0.2, False)],
+    b = {"points": [_json_point("local", 0.05, True), _json_point("local", 0.1, True),
+                    _json_point("local", 0.2, False)],
          "free_speedups": {"local": _free(0.05, 1.06)}}
     assert free_through(a, "local") is None and free_through(b, "local") == 0.1
     preset = choose({"a": {"model": "a", "lengths": {"8192": a}}, "b": {"model": "b", "lengths": {"8192": b}}}, "p")

@@ -67,7 +67,8 @@ def summarize(files: dict[str, dict[str, Any]], bar: float) -> str:
                     f"`{source}`: {items} needle items, dense {_iv(dense['score'], '.1f')}%; speed-up median of "
                     f"{data['repeats']} interleaved rounds, batch 1, with its bootstrap interval; free = no loss "
                     "against dense the sample shows (a slice: say so when quoting)", "",
-                    "| method | free speed-up [95% CI] | at | compute | FLOP ideal | score vs dense (points) | first point not free |",
+                    "| method | free speed-up [95% CI] | at | compute | FLOP ideal | score vs dense (points) "
+                    "| first point not free |",
                     "|---|---|---|---|---|---|---|"]
             rows = method_rows(entry)
             out += ["| " + " | ".join(r) + " |" for r in rows]
@@ -79,8 +80,8 @@ def summarize(files: dict[str, dict[str, Any]], bar: float) -> str:
                                   bar_verdict(b["speedup"], bar)])
             else:
                 best_rows.append([data["model"], length, "none", "-", "-", "no free point"])
-    head = [f"Best free speed-up per model and length, against the {bar:g}x bar (above / below: the whole 95% interval; "
-            "not decided: the interval straddles it)", "",
+    head = [f"Best free speed-up per model and length, against the {bar:g}x bar (above / below: the whole 95% "
+            "interval; not decided: the interval straddles it)", "",
             "| model | length | best setting | free speed-up [95% CI] | at | vs the bar |", "|---|---|---|---|---|---|"]
     head += ["| " + " | ".join(r) + " |" for r in best_rows]
     return "\n".join(head + [""] + out).rstrip() + "\n"
