@@ -40,8 +40,9 @@ settings_for() {  # $1 model:length
     smollm2-135m:4k-local) echo "--methods dense,sleb,local --levels 0.05,0.1,0.2,0.3 --samples 10 --repeats 5 $COMMON" ;;
     # Gemma 3 270M: local attention reaches 5% of the prefill at most (3 full-attention layers of 18)
     gemma3-270m:4k) echo "$METHODS --levels 0.05,0.1,0.2 --samples 10 --repeats 5 $COMMON" ;;
-    # at 8k, for time: no router rows, 5% and 10% only (local attention reaches 10% at most there), 3 timing rounds
-    gemma3-270m:8k) echo "--methods dense,sleb,orthorank,progressive,local --levels 0.05,0.1 --samples 5 --repeats 3 $COMMON" ;;
+    # at 8k, for time: no router or question-scored rows, 5% and 10% only (local attention reaches 10% at most
+    # there), 3 timing rounds
+    gemma3-270m:8k) echo "--methods dense,sleb,orthorank,progressive,local --levels 0.05,0.1 --samples 5 --repeats 3 ${COMMON#--policies attention+window=64 }" ;;
     # SmolLM2-135M: 5% is left out (at 4k every method but local lost there already); 10%, 20% and 40%, the last
     # for local attention; 3 timing rounds, for time
     *) echo "$METHODS --levels 0.1,0.2,0.4 --samples 5 --repeats 3 $COMMON" ;;
