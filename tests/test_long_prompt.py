@@ -348,7 +348,7 @@ def test_the_frontier_summary_judges_the_bar_from_the_interval(tmp_path):
     out = tmp_path / "summary.md"
     assert main([str(f), "--out", str(out)]) == 0
     text = out.read_text()
-    assert "| m | 8192 | local | 1.400 [1.350, 1.450]x | local 0.2 | above |" in text
+    assert f"| m | 8192 | {tmp_path.name} | local | 1.400 [1.350, 1.450]x | local 0.2 | above |" in text
     assert "| sleb | none | - | - | - | - | sleb 0.1: -30.0 [-40.0, -20.0] |" in text
     f.write_text(json.dumps({"model": "m", "complete": False, "lengths": {}}))
     assert main([str(f)]) == 2

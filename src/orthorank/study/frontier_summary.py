@@ -60,10 +60,11 @@ def summarize(files: dict[str, dict[str, Any]], bar: float) -> str:
     out = []
     best_rows = []
     for source, data in files.items():
+        run = Path(source).parent.name  # the run's folder: two runs may cover one model and length
         for length, entry in data["lengths"].items():
             dense = entry["points"][0]
             items = dense["score"]["n"]
-            out += [f"### {data['model']}, {length} tokens", "",
+            out += [f"### {data['model']}, {length} tokens ({run})", "",
                     f"`{source}`: {items} needle items, dense {_iv(dense['score'], '.1f')}%; speed-up median of "
                     f"{data['repeats']} interleaved rounds, batch 1, with its bootstrap interval; free = no loss "
                     "against dense the sample shows (a slice: say so when quoting)", "",
@@ -76,13 +77,14 @@ def summarize(files: dict[str, dict[str, Any]], bar: float) -> str:
             free = {f: b for f, b in entry["free_speedups"].items() if b is not None}
             if free:
                 f, b = max(free.items(), key=lambda kv: kv[1]["speedup"]["value"])
-                best_rows.append([data["model"], length, f, f"{_iv(b['speedup'])}x", b["point"],
+                best_rows.append([data["model"], length, run, f, f"{_iv(b['speedup'])}x", b["point"],
                                   bar_verdict(b["speedup"], bar)])
             else:
-                best_rows.append([data["model"], length, "none", "-", "-", "no free point"])
+                best_rows.append([data["model"], length, run, "none", "-", "-", "no free point"])
     head = [f"Best free speed-up per model and length, against the {bar:g}x bar (above / below: the whole 95% "
             "interval; not decided: the interval straddles it)", "",
-            "| model | length | best setting | free speed-up [95% CI] | at | vs the bar |", "|---|---|---|---|---|---|"]
+            "| model | length | run | best setting | free speed-up [95% CI] | at | vs the bar |",
+            "|---|---|---|---|---|---|---|"]
     head += ["| " + " | ".join(r) + " |" for r in best_rows]
     return "\n".join(head + [""] + out).rstrip() + "\n"
 
