@@ -304,24 +304,30 @@ def test_the_preset_is_the_best_free_speedup_across_models_and_lengths():
     assert none.method == "dense" and "no setting" in none.evidence["reason"]
 
 
-def _json_point(method, level, free):
-    return {"name": f"{method} {level}", "method": method, "level": level, "free": free}
+def _json_point(method, level, free, at_reach=False):
+    return {"name": f"{method} {level}", "method": method, "level": level, "free": free,
+            "extra": {"plan": {"provenance": {"at_most_reach": True} if at_reach else {}}}}
 
 
-def test_the_preset_level_is_the_highest_free_below_a_loss_and_unmeasured_reach_does_not_lower_it():
+def test_the_preset_level_is_the_highest_free_measured_and_a_schedule_at_its_reach_does_not_lower_it():
     from orthorank.study.presets import choose, free_through
 
-    # model a: local free at every level it reaches (0.05-0.4); model b: free through 0.1, lost at 0.2
-    a = {"points": [_json_point("local", s, True) for s in (0.05, 0.1, 0.2, 0.4)],
-         "free_speedups": {"local": _free(0.4, 1.5)}}
+    # a: local free at every level measured, the last with every layer it may use; b: free through 0.1, lost at
+    # 0.2; c: free at every level measured (to 0.2), short of its reach
+    a = {"points": [_json_point("local", 0.05, True), _json_point("local", 0.1, True, at_reach=True)],
+         "free_speedups": {"local": _free(0.1, 1.5)}}
     b = {"points": [_json_point("local", 0.05, True), _json_point("local", 0.1, True),
                     _json_point("local", 0.2, False)],
          "free_speedups": {"local": _free(0.05, 1.06)}}
-    assert free_through(a, "local") is None and free_through(b, "local") == 0.1
-    preset = choose({"a": {"model": "a", "lengths": {"8192": a}}, "b": {"model": "b", "lengths": {"8192": b}}}, "p")
-    assert (preset.method, preset.level) == ("local", 0.1)
-    alone = choose({"a": {"model": "a", "lengths": {"8192": a}}}, "p")
-    assert alone.level == 0.4  # never lost: its highest free level
+    c = {"points": [_json_point("local", s, True) for s in (0.1, 0.2)], "free_speedups": {"local": _free(0.2, 1.3)}}
+    assert free_through(a, "local") is None and free_through(b, "local") == 0.1 and free_through(c, "local") == 0.2
+
+    def files(*entries):
+        return {f"m{i}": {"model": f"m{i}", "lengths": {"8192": e}} for i, e in enumerate(entries)}
+
+    assert (choose(files(a, b), "p").method, choose(files(a, b), "p").level) == ("local", 0.1)
+    assert choose(files(a, c), "p").level == 0.2
+    assert choose(files(a), "p").level == 0.1  # bounded nowhere: its highest free level
 
 
 def test_the_frontier_summary_judges_the_bar_from_the_interval(tmp_path):

@@ -133,6 +133,11 @@ def _rows(opts: FrontierOptions, lm, length: int, levels: list[float], log) -> l
                         continue
                     log(f"frontier: {method} at {s:g} is past its reach: every full-attention layer it may use "
                         f"({len(plan.layers)}), skipping {plan.compute_sparsity(arch, length):.3f} of the compute")
+                elif method == "local" and plan.layers == schedule_plan(
+                        method, lm.name, lm.signature(), arch, 1.0, length, start=opts.schedule_start,
+                        layer_types=getattr(lm.config, "layer_types", None), at_most_reach=True).layers:
+                    # reached exactly with every layer it may use: a preset's level is not bounded by this point
+                    plan = dataclasses.replace(plan, provenance={**plan.provenance, "at_most_reach": True})
                 label = f"{method} {s:g}"
             else:
                 saved_plan = saved[method]

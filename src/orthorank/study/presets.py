@@ -1,6 +1,6 @@
 """Choose a preset from committed frontier files (method/presets.py): the setting with the best free speed-up across
-every model and length measured, its level the highest that was free on each below any loss there (a model whose
-every measured level was free, up to the schedule's reach, does not lower it).
+every model and length measured, its level the highest that was free on each (a model where it was free with every
+layer the schedule may use does not lower it).
 
     python -m orthorank.study.presets studies/smollm2-135m/long-prompt/frontier.json \\
         studies/gemma3-270m/long-prompt/frontier.json --name long-prompt
@@ -34,17 +34,22 @@ def parse_family(family: str) -> tuple[str, str | None, int]:
 
 
 def free_through(entry: dict[str, Any], family: str) -> float | None:
-    """The highest level at which `family` was still free in one frontier entry, below its first loss; None where it
-    lost at no level measured (a schedule's levels past its reach are not measured, and the preset's plan stops at
-    the reach). An entry without its points bounds the family at its best free point's level."""
+    """The highest level at which `family` was still free in one frontier entry (below its first loss, and no higher
+    than measured); None where its highest free point already used every layer the schedule may use (levels past a
+    schedule's reach are not measured, and the preset's plan stops at the reach). An entry without its points bounds
+    the family at its best free point's level."""
     points = [p for p in entry.get("points", []) if p["method"] == family]
     best = entry["free_speedups"][family]["level"]
     if not points:
         return best
     lost = [p["level"] for p in points if not p["free"]]
-    if not lost:
-        return None
-    return max((p["level"] for p in points if p["free"] and p["level"] < min(lost)), default=best)
+    free = [p for p in points if p["free"] and (not lost or p["level"] < min(lost))]
+    top = max(free, key=lambda p: p["level"], default=None)
+    if top is None:
+        return best
+    if not lost and top.get("extra", {}).get("plan", {}).get("provenance", {}).get("at_most_reach"):
+        return None  # free with every layer the schedule may use: nothing measured bounds it here
+    return top["level"]
 
 
 def choose(frontiers: dict[str, dict[str, Any]], name: str) -> Preset:
