@@ -1,7 +1,7 @@
 """Every committed table the README and docs quote, with the command that made it, its time and the commit it ran
 at, read from the result files themselves (their `environment.command_line`, `seconds` and `git_commit`).
 
-    python -m orthorank.study.reproduce_index --out docs/reproduce-index.md
+    python -m orthorank.study.reproduce_index --out benchmarks/results/reproduce-index.md
 
 A table whose result file records no command (older runs, scripts) names the script that makes it where one is
 known; the page says so rather than guess.
@@ -21,7 +21,10 @@ from orthorank.study.docs_blocks import BLOCK, pages
 # tables rendered from several runs by a script: what makes them (their runs' own commands are in their JSON files)
 SCRIPTS = {"studies/router/summary.md": "studies/router/evidence.sh, extra.sh, searched.sh, then python -m "
                                         "orthorank.study.router_evidence studies/router/smollm2-135m "
-                                        "studies/router/gemma3-270m --out studies/router/summary.md"}
+                                        "studies/router/gemma3-270m --out studies/router/summary.md",
+           "studies/long-prompt/summary.md": "studies/long-prompt/run.sh, then python -m "
+                                             "orthorank.study.frontier_summary studies/long-prompt/*/*/frontier.json "
+                                             "--out studies/long-prompt/summary.md"}
 
 # result JSONs a block's Markdown may sit beside, first match wins
 _SIBLINGS = ("{stem}.json", "compare.json", "longctx.json", "study.json", "summary.json", "bench.json")
