@@ -21,6 +21,7 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
+from local_kernel import best_of  # noqa: E402  (this folder: the timing both kernel scripts share)
 from orthorank.results import atomic_write_text, environment  # noqa: E402
 
 H, HKV, D, WINDOW = 4, 1, 256, 512  # Gemma 3 270M
@@ -63,15 +64,6 @@ def blocked(q, k, v, W, s, C=256):
         mask = (i[None, :] <= i[a:, None]) & (i[None, :] > i[a:, None] - W)
         out[:, :, a:] = F.scaled_dot_product_attention(q[:, :, a:], k, v, attn_mask=mask[None, None], scale=s, enable_gqa=H != Hkv)
     return out
-
-def best_of(fn, rounds: int) -> float:
-    times = []
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
-
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
