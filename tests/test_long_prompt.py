@@ -253,6 +253,9 @@ def test_frontier_command_refuses_bad_input_before_loading(capsys, tiny_hf_folde
                       "dense,hybrid", "--out", str(tmp_path / "f"))
     assert_user_error(capsys, "--repeats must be at least 2", "frontier", "--model", str(tiny_hf_folder),
                       "--methods", "dense,depth", "--repeats", "1", "--out", str(tmp_path / "f"))
+    assert_user_error(capsys, "leave it out with --score-on calibration", "frontier", "--model", str(tiny_hf_folder),
+                      "--methods", "dense,depth", "--score-on", "calibration", "--longbench", "2",
+                      "--out", str(tmp_path / "f"))
 
 
 # -- calibration prompts for the tail: never the evaluation text ---------------------------------------------------
@@ -288,11 +291,11 @@ def _free(level, speed):
 def test_the_preset_is_the_best_free_speedup_across_models_and_lengths():
     from orthorank.study.presets import choose, parse_family
 
-    a = {"model": "a", "lengths": {"4096": {"free_speedups": {"sleb": _free(0.05, 1.10), "depth[+recent=64]":
+    a = {"model": "a", "scored_on": "calibration", "lengths": {"4096": {"free_speedups": {"sleb": _free(0.05, 1.10), "depth[+recent=64]":
                                                                _free(0.1, 1.30), "progressive": None}},
                                    "8192": {"free_speedups": {"sleb": _free(0.1, 1.20), "depth[+recent=64]":
                                                                _free(0.15, 1.25), "progressive": _free(0.2, 1.6)}}}}
-    b = {"model": "b", "lengths": {"8192": {"free_speedups": {"sleb": None, "depth[+recent=64]": _free(0.05, 1.12),
+    b = {"model": "b", "scored_on": "calibration", "lengths": {"8192": {"free_speedups": {"sleb": None, "depth[+recent=64]": _free(0.05, 1.12),
                                                                "progressive": _free(0.1, 1.4)}}}}
     preset = choose({"a": a, "b": b}, "long-prompt")
     # progressive has no free point at 4k on model a (worth 1.0); depth with its tail is free everywhere
@@ -300,8 +303,23 @@ def test_the_preset_is_the_best_free_speedup_across_models_and_lengths():
     assert preset.min_length == 4096  # the shortest length it was measured at
     assert preset.evidence["worst_free_speedup"]["depth[+recent=64]"] == 1.12
     assert parse_family("orthorank[attention+window=64]") == ("orthorank", "attention+window=64", 0)
-    none = choose({"b": {"model": "b", "lengths": {"8192": {"free_speedups": {"sleb": None}}}}}, "long-prompt")
+    none = choose({"b": {"model": "b", "scored_on": "calibration", "lengths": {"8192": {"free_speedups": {"sleb": None}}}}},
+                  "long-prompt")
     assert none.method == "dense" and "no setting" in none.evidence["reason"]
+
+
+def test_a_preset_is_never_chosen_on_evaluation_samples(tmp_path, capsys):
+    import json
+
+    from orthorank.study.presets import choose, main
+
+    entry = {"8192": {"free_speedups": {"local": _free(0.1, 1.5)}}}
+    for scored_on in ({}, {"scored_on": "evaluation"}):
+        with pytest.raises(UserError, match="chosen on calibration prompts only"):
+            choose({"m": {"model": "m", **scored_on, "lengths": entry}}, "p")
+    (tmp_path / "f.json").write_text(json.dumps({"model": "m", "lengths": entry}))
+    assert main([str(tmp_path / "f.json"), "--out", str(tmp_path / "p.json")]) == 2
+    assert "calibration prompts only" in capsys.readouterr().err and not (tmp_path / "p.json").exists()
 
 
 def _json_point(method, level, free, at_reach=False):
@@ -323,7 +341,8 @@ def test_the_preset_level_is_the_highest_free_measured_and_a_schedule_at_its_rea
     assert free_through(a, "local") is None and free_through(b, "local") == 0.1 and free_through(c, "local") == 0.2
 
     def files(*entries):
-        return {f"m{i}": {"model": f"m{i}", "lengths": {"8192": e}} for i, e in enumerate(entries)}
+        return {f"m{i}": {"model": f"m{i}", "scored_on": "calibration", "lengths": {"8192": e}}
+                for i, e in enumerate(entries)}
 
     assert (choose(files(a, b), "p").method, choose(files(a, b), "p").level) == ("local", 0.1)
     assert choose(files(a, c), "p").level == 0.2
@@ -414,6 +433,27 @@ def test_frontier_end_to_end_on_a_tiny_model_with_longbench_on_the_free_points(c
     stored = sorted((tmp_path / "store").rglob("e-*.json"))
     code, out, err = run_cli(capsys, *args, "--overwrite")  # every generation comes back from the store
     assert code == 0 and sorted((tmp_path / "store").rglob("e-*.json")) == stored
+
+
+@pytest.mark.data
+def test_a_frontier_scored_on_calibration_prompts_chooses_a_preset(capsys, tiny_hf_folder, tmp_path):
+    import json
+
+    from cli_helpers import run_cli
+    from orthorank.study.presets import main as choose_preset
+
+    code, out, err = run_cli(capsys, "frontier", "--model", str(tiny_hf_folder), "--methods", "dense,progressive",
+                             "--levels", "0.2", "--lengths", "256", "--tasks", "niah_single", "--samples", "2",
+                             "--repeats", "2", "--threads", "1", "--score-on", "calibration",
+                             "--store", str(tmp_path / "store"), "--out", str(tmp_path / "f"))
+    assert code == 0, err
+    data = json.loads((tmp_path / "f" / "frontier.json").read_text())
+    assert data["scored_on"] == "calibration"
+    from orthorank.evaluation.overlap import MAX_SHARED
+    assert data["lengths"]["256"]["largest_shared_with_evaluation"] < MAX_SHARED  # checked: templates only
+    assert "calibration prompts: the tasks built from" in (tmp_path / "f" / "frontier.md").read_text()
+    assert choose_preset([str(tmp_path / "f" / "frontier.json"), "--out", str(tmp_path / "p.json")]) == 0
+    assert json.loads((tmp_path / "p.json").read_text())["name"] == "long-prompt"
 
 
 @pytest.mark.data

@@ -378,6 +378,11 @@ def check(opts: FrontierOptions) -> tuple[list[int], list[str], list[float]]:
     for m in _methods(opts):
         if m not in ("dense", *SCHEDULES):
             _saved_order(opts, expected_model_name(opts.model), m)
+    if opts.score_on not in ("evaluation", "calibration"):
+        raise UserError(f"--score-on must be evaluation or calibration, got {opts.score_on!r}")
+    if opts.longbench and opts.score_on == "calibration":
+        raise UserError("--longbench scores LongBench's evaluation examples: leave it out with --score-on "
+                        "calibration (a preset is chosen on calibration prompts only)")
     if opts.longbench:
         load_task(_longbench_dir(opts), opts.longbench_task, 1)
     if opts.repeats < 2:
@@ -417,6 +422,22 @@ def _with_tails(opts: FrontierOptions, lm, rows: list[Row], items: list[Item], t
     return rows, chosen
 
 
+def _scored_items(opts: FrontierOptions, lm, builder: SuiteBuilder, tasks: list[str],
+                  length: int) -> tuple[list[Item], dict[str, Any], float | None]:
+    """The prompts rows are scored on, their store settings, and (on calibration prompts) the largest share of an
+    evaluation prompt's text any of them holds, checked below the overlap bar."""
+    evaluation = _items(builder, lm.tokenizer, tasks, length, opts.samples)
+    if opts.score_on == "evaluation":
+        return evaluation, {"tasks": tasks, "length": length, "samples": opts.samples, "seed": opts.seed}, None
+    calib = calibration_items(lm, tasks, length, opts.samples, opts.data_dir)
+    shared = largest_shared(evaluation, calib)
+    if shared > MAX_SHARED:
+        raise UserError(f"a calibration prompt shares {shared:.0%} of an evaluation prompt's text at {length} "
+                        "tokens: scoring on it would tune on evaluation text")
+    return calib, {"tasks": tasks, "length": length, "samples": opts.samples, "seed": CALIBRATION_SEED,
+                   "calibration": True}, round(shared, 4)
+
+
 def run(opts: FrontierOptions) -> int:
     lengths, tasks, levels = check(opts)
     tails = _tails(opts.tails)
@@ -431,14 +452,14 @@ def run(opts: FrontierOptions) -> int:
     arch = Arch.from_config(lm.config, lm.num_layers)
     builder = SuiteBuilder(lm.tokenizer, pools, seed=opts.seed)
     (out / "plans").mkdir(parents=True, exist_ok=True)
-    result: dict[str, Any] = {"command": "frontier", "model": lm.name, "tasks": tasks, "samples": opts.samples,
+    result: dict[str, Any] = {"command": "frontier", "model": lm.name, "scored_on": opts.score_on, "tasks": tasks,
+                              "samples": opts.samples,
                               "levels": levels, "repeats": opts.repeats, "lengths": {}}
     tables = []
     for length in lengths:
         t0 = time.perf_counter()
         rows = _rows(opts, lm, length, levels, print)
-        items = _items(builder, lm.tokenizer, tasks, length, opts.samples)
-        settings = {"tasks": tasks, "length": length, "samples": opts.samples, "seed": opts.seed}
+        items, settings, shared = _scored_items(opts, lm, builder, tasks, length)
         rows, chosen = _with_tails(opts, lm, rows, items, tasks, tails, length)
         scores, left_out = _scores_until_loss(opts, lm, rows, items, settings)
         rows = [r for r in rows if r.name in scores]
@@ -446,8 +467,11 @@ def run(opts: FrontierOptions) -> int:
         points = _points(rows, scores, times, arch, length)
         for row in rows[1:]:  # every row's plan, for `bench --plan FILE --profile` and `generate --plan FILE`
             row.applied().save(out / "plans" / f"{length}-{_file_name(row.name)}.json", overwrite=True)
+        on = (f"offline suite seed {opts.seed}" if shared is None else "calibration prompts: the tasks built from "
+              f"WikiText-2's and C4's calibration text, seed {CALIBRATION_SEED}, sharing at most {shared:.1%} of an "
+              "evaluation prompt's text")
         caption = (f"{lm.name}, {length} tokens: score = mean accuracy (%) on {', '.join(tasks)}, {opts.samples} "
-                   f"samples per task ({len(items)} items, offline suite seed {opts.seed}), paired with dense, 95% "
+                   f"samples per task ({len(items)} items, {on}), paired with dense, 95% "
                    f"bootstrap intervals; speed-up = time to first token of dense / the row's, batch 1, median of "
                    f"{opts.repeats} interleaved rounds with a bootstrap interval over rounds; compute = share of "
                    "the dense prefill's FLOPs skipped at this length (LM head on the last position only); free = no "
@@ -465,7 +489,7 @@ def run(opts: FrontierOptions) -> int:
         result["lengths"][str(length)] = {
             "points": [{**p.to_dict(), "free": frontier.is_free(p, dense)} for p in points],
             "free_speedups": frontier.free_speedups(points), "tails": chosen, "longbench": longbench,
-            "left_out_after_loss": left_out,
+            "left_out_after_loss": left_out, "largest_shared_with_evaluation": shared,
             "seconds": round(time.perf_counter() - t0, 1)}
         frontier.plot(points, length, out / f"frontier-{length}.png", f"{lm.name}: retrieval frontier at {length} "
                       "tokens")

@@ -325,6 +325,7 @@ class FrontierOptions(ModelOptions, StoreOptions):
     schedule_start: float | None = field(default=None, metadata={"flag": "--schedule-start", "kind": "value"})
     tails: str | None = field(default=None, metadata={"flag": "--tails", "kind": "value"})
     calib_samples: int = field(default=8, metadata={"flag": "--calib-samples", "kind": "value"})
+    score_on: str = field(default='evaluation', metadata={"flag": "--score-on", "kind": "value"})
     stop_after_loss: bool = field(default=False, metadata={"flag": "--stop-after-loss", "kind": "switch"})
     lengths: str = field(default='4k,8k', metadata={"flag": "--lengths", "kind": "value"})
     tasks: str = field(default='niah_single,niah_multikey', metadata={"flag": "--tasks", "kind": "value"})

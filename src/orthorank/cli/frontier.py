@@ -36,6 +36,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "tokens, W chosen on calibration prompts among these, e.g. 0,16,64,256 (default: none)")
     p.add_argument("--calib-samples", type=positive_int, default=8,
                    help="calibration prompts per task for choosing the tail (default %(default)s)")
+    p.add_argument("--score-on", choices=("evaluation", "calibration"), default="evaluation",
+                   help="the prompts rows are scored on: the offline suite's evaluation samples, or the same tasks "
+                        "built from calibration text (checked to share no text with the evaluation samples), which "
+                        "is what a preset is chosen on (python -m orthorank.study.presets) (default %(default)s)")
     p.add_argument("--lengths", default="4k,8k",
                    help=f"prompt lengths: {', '.join(LENGTHS)} or N tokens (default %(default)s)")
     p.add_argument("--tasks", default="niah_single,niah_multikey",

@@ -1,9 +1,10 @@
-"""Choose a preset from committed frontier files (method/presets.py): the setting with the best free speed-up across
-every model and length measured, its level the highest that was free on each (a model where it was free with every
-layer the schedule may use does not lower it).
+"""Choose a preset from frontier files scored on calibration prompts (method/presets.py): the setting with the best
+free speed-up across every model and length measured, its level the highest that was free on each (a model where it
+was free with every layer the schedule may use does not lower it). A frontier scored on the evaluation samples is
+refused: a preset is tuned like a plan, on calibration text only, and checked afterwards on evaluation samples.
 
-    python -m orthorank.study.presets studies/smollm2-135m/long-prompt/frontier.json \\
-        studies/gemma3-270m/long-prompt/frontier.json --name long-prompt
+    orthorank frontier --model smollm2-135m --score-on calibration ... --out studies/long-prompt/calibration/smollm2-135m
+    python -m orthorank.study.presets studies/long-prompt/calibration/*/frontier.json --name long-prompt
 
 A candidate is a method as the frontier names its rows: "depth", "orthorank[attention+window=64]" (a policy
 variant), "depth[+recent=64]" (a tail chosen on calibration prompts). Its worth is its smallest free speed-up over
@@ -53,7 +54,11 @@ def free_through(entry: dict[str, Any], family: str) -> float | None:
 
 
 def choose(frontiers: dict[str, dict[str, Any]], name: str) -> Preset:
-    """frontiers: {label (e.g. the model): frontier.json contents}."""
+    """frontiers: {label (e.g. the model): frontier.json contents}, each scored on calibration prompts."""
+    for label, data in frontiers.items():
+        if data.get("scored_on") != "calibration":
+            raise UserError(f"{label} was scored on {data.get('scored_on', 'evaluation')} prompts: a preset is chosen "
+                            "on calibration prompts only (`orthorank frontier --score-on calibration`)")
     settings = [(label, length, entry) for label, data in frontiers.items()
                 for length, entry in data["lengths"].items()]
     if not settings:
@@ -78,7 +83,7 @@ def choose(frontiers: dict[str, dict[str, Any]], name: str) -> Preset:
     level = min(bounds) if bounds else max(entry["free_speedups"][family]["level"] for _, _, entry in settings)
     per_setting = {f"{label} {length}": entry["free_speedups"][family] for label, length, entry in settings}
     return Preset(name, method, level, tail, policy, min(int(length) for _, length, _ in settings),
-                  evidence={"chosen": family, "worst_free_speedup": table, "measured": where,
+                  evidence={"chosen": family, "scored_on": "calibration", "worst_free_speedup": table, "measured": where,
                             "free_points": {k: {"point": v["point"], "level": v["level"], "speedup": v["speedup"],
                                                 "score_mean": v["score"]["mean"]} for k, v in per_setting.items()}})
 
