@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The long-prompt preset's evidence (issue 45): the retrieval frontier scored on calibration prompts, then the preset
-# chosen from it. The needle tasks are built from WikiText-2's and C4's calibration text with another seed
+# chosen from it. The needle tasks are built from C4's and news' calibration text with another seed
 # (`orthorank frontier --score-on calibration`, checked to share no more than the tasks' templates with the
 # evaluation samples), so the preset is tuned on calibration text only; the evaluation frontiers beside this folder
 # (studies/long-prompt/<model>/<length>/) then check it.
