@@ -261,7 +261,8 @@ def test_frontier_command_refuses_bad_input_before_loading(capsys, tiny_hf_folde
 # -- calibration prompts for the tail: never the evaluation text ---------------------------------------------------
 
 @pytest.mark.data
-def test_no_calibration_prompt_shares_text_with_an_evaluation_sample():
+@pytest.mark.parametrize("length", [1024, 8192])  # at 8k, WikiText-2's calibration part once reached 34%
+def test_no_calibration_prompt_shares_text_with_an_evaluation_sample(length):
     from types import SimpleNamespace
 
     from orthorank.api.frontier import _items, calibration_items, largest_shared
@@ -273,8 +274,8 @@ def test_no_calibration_prompt_shares_text_with_an_evaluation_sample():
     gguf = embedded_gguf_path()
     tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     tasks = ["niah_single", "niah_multikey"]
-    ev = _items(SuiteBuilder(tok, load_pools(), seed=0), tok, tasks, 1024, 4)
-    cal = calibration_items(SimpleNamespace(tokenizer=tok), tasks, 1024, 4, None)
+    ev = _items(SuiteBuilder(tok, load_pools(), seed=0), tok, tasks, length, 4)
+    cal = calibration_items(SimpleNamespace(tokenizer=tok), tasks, length, 4, None)
     assert {it.key for it in cal}.isdisjoint(it.key for it in ev)
     shared = largest_shared(ev, cal)
     assert shared < 0.05 < MAX_SHARED, shared  # the tasks' templates only
