@@ -299,10 +299,20 @@ def test_the_preset_is_the_best_free_speedup_across_models_and_lengths():
     b = {"model": "b", "scored_on": "calibration", "lengths": {"8192": {"free_speedups": {"sleb": None, "depth[+recent=64]": _free(0.05, 1.12),
                                                                "progressive": _free(0.1, 1.4)}}}}
     preset = choose({"a": a, "b": b}, "long-prompt")
-    # progressive has no free point at 4k on model a (worth 1.0); depth with its tail is free everywhere
+    # progressive is faster where free but has no free point at 4k on model a; depth with its tail is free everywhere
     assert (preset.method, preset.tail, preset.policy, preset.level) == ("depth", 64, None, 0.05)
     assert preset.min_length == 4096  # the shortest length it was measured at
-    assert preset.evidence["worst_free_speedup"]["depth[+recent=64]"] == 1.12
+    assert preset.evidence["free_everywhere"]["depth[+recent=64]"] == {
+        "geometric_mean": round((1.30 * 1.25 * 1.12) ** (1 / 3), 4), "smallest": 1.12}
+    assert preset.evidence["not_free_somewhere"] == ["progressive", "sleb"]
+    # free everywhere, one model at 1.0 give or take timing noise: the geometric mean decides, not the noise
+    c = {"model": "c", "scored_on": "calibration", "lengths": {"4096": {"free_speedups": {
+        "local": _free(0.05, 0.98), "sleb": _free(0.05, 1.05)}}, "8192": {"free_speedups": {
+        "local": _free(0.3, 1.8), "sleb": None}}}}
+    assert choose({"c": c}, "p").method == "local"
+    slow = {"model": "c", "scored_on": "calibration", "lengths": {"4096": {"free_speedups": {
+        "local": _free(0.05, 0.98)}}}}
+    assert choose({"c": slow}, "p").method == "dense"  # free everywhere, faster nowhere on balance
     assert parse_family("orthorank[attention+window=64]") == ("orthorank", "attention+window=64", 0)
     none = choose({"b": {"model": "b", "scored_on": "calibration", "lengths": {"8192": {"free_speedups": {"sleb": None}}}}},
                   "long-prompt")
