@@ -388,6 +388,9 @@ def test_the_frontier_summary_judges_the_bar_from_the_interval(tmp_path):
     assert "| sleb | none | - | - | - | - | sleb 0.1: -30.0 [-40.0, -20.0] |" in text
     f.write_text(json.dumps({"model": "m", "complete": False, "lengths": {}}))
     assert main([str(f)]) == 2
+    from orthorank.study.frontier_summary import run_label
+    assert run_label("studies/long-prompt/preset-check/m/4096/frontier.json", {"model": "m"}) == "preset-check 4096"
+    assert run_label("studies/long-prompt/m/8k/frontier.json", {"model": "m"}) == "8k"
 
 
 def test_a_preset_builds_its_plan_for_the_prompt_length_with_its_tail(tmp_path, monkeypatch, capsys, tiny_hf_folder):

@@ -17,6 +17,8 @@ from typing import Any
 from orthorank.errors import UserError
 from orthorank.results import atomic_write_text
 
+RUN_KINDS = ("preset-check", "calibration")  # folders of runs that are not a method sweep on evaluation items
+
 
 def _iv(d: dict[str, Any], spec: str = ".3f", unit: str = "") -> str:
     value = d["value"] if "value" in d else d["mean"]  # a speed-up has a value, a score a mean
@@ -56,11 +58,20 @@ def method_rows(entry: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
+def run_label(source: str, data: dict[str, Any]) -> str:
+    """The run's folder (two runs may cover one model and length), with the kind of run where the folders say it:
+    studies/long-prompt/preset-check/<model>/4096/frontier.json -> "preset-check 4096"."""
+    parts = Path(source).parent.parts
+    if len(parts) >= 3 and parts[-2] == data.get("model") and parts[-3] in RUN_KINDS:
+        return f"{parts[-3]} {parts[-1]}"
+    return parts[-1] if parts else str(source)
+
+
 def summarize(files: dict[str, dict[str, Any]], bar: float) -> str:
     out = []
     best_rows = []
     for source, data in files.items():
-        run = Path(source).parent.name  # the run's folder: two runs may cover one model and length
+        run = run_label(source, data)
         for length, entry in data["lengths"].items():
             dense = entry["points"][0]
             items = dense["score"]["n"]
