@@ -50,6 +50,8 @@ def _masked_forward(m, ids, layers, cfg, prompt_len=None):
     (200, LocalAttention(window=40, sinks=2, tail=0, block=24)),
     (37, LocalAttention(window=8, sinks=0, tail=5, block=8)),
     (64, LocalAttention(window=256, sinks=4, tail=64, block=256)),
+    (200, LocalAttention(window=16, sinks=4, tail=8, block=16, head=40)),  # a head past the first block
+    (200, LocalAttention(window=16, sinks=4, tail=70, block=16, head=3)),  # a head inside the sinks
 ])
 def test_the_blocked_kernel_equals_the_masked_reference(n, cfg):
     g = torch.Generator().manual_seed(0)
@@ -66,6 +68,35 @@ def test_the_pattern_reads_sinks_a_block_aligned_window_and_a_global_tail():
     assert allowed[29].sum() == 30 and allowed[26].sum() == 27  # the last 4 queries: every key
     assert allowed[3].sum() == 4  # early queries: causal
     assert np.array_equal(keys_read(30, cfg), allowed.sum(-1).numpy())
+
+
+def test_the_head_is_global_keys_and_changes_nothing_else():
+    cfg = LocalAttention(window=8, sinks=2, tail=4, block=4, head=6)
+    allowed = local_allowed(torch.ones(1, 30, dtype=torch.bool), cfg)[0, 0]
+    assert allowed[17].nonzero().ravel().tolist() == [0, 1, 2, 3, 4, 5, *range(8, 18)]  # head 0-5, window 8-17
+    assert allowed[25].nonzero().ravel().tolist() == [*range(6), *range(16, 26)]  # block 24-27 reads from 16
+    assert np.array_equal(keys_read(30, cfg), allowed.sum(-1).numpy())
+    assert keys_read(30, cfg).sum() > keys_read(30, dataclasses.replace(cfg, head=0)).sum()
+    # a plan without a head keeps its file and its result-store key; one with a head round-trips
+    assert "head" not in LocalAttention().to_dict()
+    assert LocalAttention.from_dict(cfg.to_dict()) == cfg
+
+
+def test_left_padded_batches_with_a_head_equal_single_prompts():
+    m = tiny_model("llama")
+    cfg = LocalAttention(window=8, sinks=2, tail=6, block=8, head=12)
+    apply_plan(m, _plan(m, [1, 2, 3], cfg))
+    long, short = _ids(length=50, seed=1)[0], _ids(length=33, seed=2)[0]
+    batch = torch.zeros(2, 50, dtype=torch.long)
+    batch[0], batch[1, 17:] = long, short
+    valid = batch != 0
+    out = m(batch, attention_mask=valid.long(), position_ids=(valid.long().cumsum(-1) - 1).clamp(min=0)).logits
+    for row, ids in ((0, long), (1, short)):
+        single = m(ids[None]).logits[0]
+        assert torch.allclose(out[row, -len(ids):], single, atol=1e-4)
+    ref = _masked_forward(m, long[None], [1, 2, 3], cfg)
+    restore_dense(m)
+    assert torch.allclose(out[0], ref[0], atol=1e-4)
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "gemma3"])

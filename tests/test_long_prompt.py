@@ -228,20 +228,33 @@ def _point(name, method, speed, mean, diff_low, diff_high, low=None, high=None):
                            "diff": {"value": (diff_low + diff_high) / 2, "low": diff_low, "high": diff_high}})
 
 
-def test_free_speedups_come_from_the_paired_intervals():
+def _paired_point(name, method, speed, both, only_dense, only_setting, neither):
+    from orthorank.evaluation.noninferiority import decide
+
+    setting = [1] * both + [0] * only_dense + [1] * only_setting + [0] * neither
+    dense = [1] * both + [1] * only_dense + [0] * only_setting + [0] * neither
+    n = len(dense)
+    return frontier.Point(name, method, 0.1, {"value": speed, "low": speed - 0.05, "high": speed + 0.05, "n": 5},
+                          {"mean": 100 * sum(setting) / n, "low": 0.0, "high": 100.0, "n": n,
+                           "diff": {"value": 0.0, "low": -1.0, "high": 1.0},
+                           "verdict": decide(setting, dense).to_dict()})
+
+
+def test_best_speedups_come_from_the_non_inferiority_rule():
     dense = frontier.Point("dense", "dense", 0.0, {"value": 1.0, "low": 1.0, "high": 1.0, "n": 5},
-                           {"mean": 50.0, "low": 40.0, "high": 60.0, "n": 20})
+                           {"mean": 67.3, "low": 62.0, "high": 72.0, "n": 300})
     points = [dense,
-              _point("a 0.1", "a", 1.10, 48.0, -8.0, 4.0),  # free
-              _point("a 0.2", "a", 1.30, 45.0, -12.0, 1.0),  # free: the interval reaches 0, mean within dense's
-              _point("a 0.3", "a", 1.50, 42.0, -15.0, -1.0),  # a loss the sample shows
-              _point("b 0.1", "b", 1.20, 35.0, -20.0, 2.0),  # mean below dense's interval
+              _paired_point("a 0.1", "a", 1.10, 200, 2, 1, 97),  # passes
+              _paired_point("a 0.2", "a", 1.30, 200, 3, 0, 97),  # passes: 3 losses in 300 exclude a 5-point loss
+              _paired_point("a 0.3", "a", 1.50, 200, 20, 0, 80),  # a loss beyond the margin is not excluded
+              _point("b 0.1", "b", 1.20, 50.0, -2.0, 2.0),  # an older file's point: means only, never passes
               ]
     best = frontier.free_speedups(points)
     assert best["a"]["point"] == "a 0.2" and best["a"]["speedup"]["value"] == 1.30
     assert best["b"] is None
     text = frontier.table(points, 4096, "caption")
     assert "| a | 1.300 [1.250, 1.350]x | a 0.2 |" in text and "| b | none |" in text
+    assert "| 20 / 0 | no: a loss beyond 5 points" in text  # discordant pairs in every row
 
 
 def test_frontier_command_refuses_bad_input_before_loading(capsys, tiny_hf_folder, tmp_path):
@@ -529,3 +542,46 @@ def test_stop_after_loss_leaves_out_the_levels_above_a_loss(monkeypatch):
     calls.clear()
     got.update({"sleb 0.1": [0.0] * 20, "sleb 0.2": [0.0] * 20})
     assert set(api_frontier._scores_until_loss(opts, None, rows, [], {})[0]) == {r.name for r in rows}
+
+
+@pytest.fixture(scope="module")
+def tiny_long_folder(tmp_path_factory, tiny_hf_folder):
+    """The tiny Llama of tiny_hf_folder with a 1,024-token context, so the suite's tasks fit."""
+    from conftest import tiny_model
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_hf_folder))
+    folder = tmp_path_factory.mktemp("tiny-long")
+    tiny_model(layers=4, vocab_size=len(tok), pad_token_id=tok.eos_token_id,
+               max_position_embeddings=1024).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.data
+def test_frontier_on_the_suite_with_layouts_chat_and_spans_stores_verdicts(capsys, tiny_long_folder, tmp_path):
+    """Every task in every layout, with and without the chat template, local attention with other global spans: each
+    row's verdict comes from its paired items, with the task and layout groups, and the table gives the discordant
+    pairs."""
+    import json
+
+    from cli_helpers import run_cli
+
+    args = ["frontier", "--model", str(tiny_long_folder), "--methods", "dense,local", "--levels", "0.2",
+            "--lengths", "640", "--tasks", "niah_single_noise,niah_multiquery", "--layouts", "last,first", "--chat", "both",
+            "--spans", "48:32", "--samples", "1", "--repeats", "2", "--threads", "1",
+            "--store", str(tmp_path / "store"), "--out", str(tmp_path / "f")]
+    code, out, err = run_cli(capsys, *args)
+    assert code == 0, err
+    data = json.loads((tmp_path / "f" / "frontier.json").read_text())
+    entry = data["lengths"]["640"]
+    names = [p["name"] for p in entry["points"]]
+    assert names[0] == "dense" and any("[head=48+tail=32]" in n for n in names)
+    for p in entry["points"][1:]:
+        v = p["score"]["verdict"]
+        assert v["n"] == 8 and not v["passes"] and "too few items" in v["reason"]  # 8 items decide nothing
+        assert {"task=niah_multiquery", "layout=first", "chat=on"} <= set(v["groups"])
+    span = next(p for p in entry["points"] if "[head=48+tail=32]" in p["name"])
+    assert span["extra"]["plan"]["attention"]["head"] == 48 and span["extra"]["plan"]["attention"]["tail"] == 32
+    assert "only dense / only it" in (tmp_path / "f" / "frontier.md").read_text()
+    assert data["layouts"] == ["last", "first"] and data["chat"] == "both"

@@ -249,3 +249,57 @@ def test_tables_pair_orthorank_with_the_pruning_row():
     d = summary["paired"]["orthorank 0.2 vs sleb 0.2"]["t"]
     assert d["value"] == 50.0 and d["excludes_zero"]
     assert summary["orthorank 0.2"]["t"]["diff"]["value"] == -50.0
+
+
+# -- global spans of local attention under generate (issue 55) -------------------------------------------------------
+
+def _local_plan_file(tiny_lm, tmp_path, **spans):
+    import dataclasses
+
+    from orthorank.method.cost import Arch
+    from orthorank.method.local_attention import LocalAttention
+    from orthorank.method.plan import Plan
+
+    plan = Plan("local", [1, 2, 3], tiny_lm.name, tiny_lm.signature(),
+                attention=LocalAttention(window=8, sinks=2, block=8, **spans),
+                arch=dataclasses.asdict(Arch.from_config(tiny_lm.config, tiny_lm.num_layers)))
+    path = tmp_path / "local.json"
+    plan.save(path, overwrite=True)
+    return plan, path
+
+
+QUESTION_FIRST = ("Question: what is the special magic number for harbor? Read the report below and answer. "
+                  + "The grass is green. The sky is blue. " * 12 + "One of the special magic numbers for harbor is: "
+                  "4417. " + "Here we go. There and back again. " * 10 + "Answer:")
+
+
+def test_left_padded_batches_with_global_spans_equal_single_prompts_under_generate(tiny_lm, tmp_path):
+    """A question before the document (read by every query through the head) and a question longer than the tail:
+    batched with left padding, the generated tokens equal each prompt's own."""
+    from orthorank.evaluation.generation import generate_rows
+    from orthorank.method.apply import apply_plan, restore_dense
+
+    question = tiny_lm.tokenizer(QUESTION_FIRST).input_ids
+    long_question = tiny_lm.tokenizer("Some text about the sink. " * 10 + "Question: " + "which token is first? " * 6
+                                      ).input_ids
+    plan, _ = _local_plan_file(tiny_lm, tmp_path, head=20, tail=4)
+    assert len(question) > 60 and len(long_question) - len("Question: ") > 4 * 4  # the question outgrows the tail
+    dense = generate_rows(tiny_lm, [question], 6)[0][0]
+    apply_plan(tiny_lm.model, plan)
+    try:
+        batched, _ = generate_rows(tiny_lm, [question, long_question], 6)
+        singles = [generate_rows(tiny_lm, [r], 6)[0][0] for r in (question, long_question)]
+    finally:
+        restore_dense(tiny_lm.model)
+    assert batched == singles
+    assert len(batched[0]) == 6 and isinstance(dense, list)
+
+
+def test_generate_sets_global_spans_and_refuses_them_without_local_attention(capsys, tmp_path, tiny_hf_folder, tiny_lm):
+    m = ["--model", str(tiny_hf_folder)]
+    _, path = _local_plan_file(tiny_lm, tmp_path)
+    code, out, err = run_cli(capsys, "generate", *m, "--plan", str(path), "--prompt", QUESTION_FIRST,
+                             "--max-new-tokens", "2", "--global-head", "24", "--global-tail", "8")
+    assert code == 0 and "the first 24 tokens read by every query, the last 8 reading every key" in err
+    assert_user_error(capsys, "local attention's spans", "generate", *m, "--prompt", "Hello", "--global-head", "8")
+    assert_user_error(capsys, "0 or more", "generate", *m, "--prompt", "Hello", "--global-tail", "-1")

@@ -36,10 +36,12 @@ from orthorank.evaluation.compare import policy_plans
 from orthorank.evaluation.longctx import Item, Row, longctx_key, run_row, summarize
 from orthorank.evaluation.data import find_data_dir, load_calibration_text
 from orthorank.evaluation.longbench import build_prompt_ids, load_task, score_prediction, stop_tokens
+from orthorank.api.frontier_suite import chat_modes, largest_shared, parse_spans, span_rows, suite_items
 from orthorank.evaluation.longctx_suite import (
-    SuiteBuilder, load_pools, parse_lengths, parse_tasks, score, split_sentences,
+    SuiteBuilder, load_pools, load_qa_rows, parse_layouts, parse_lengths, parse_tasks, split_sentences,
 )
-from orthorank.evaluation.overlap import MAX_SHARED, NGRAM, ngram_hashes
+from orthorank.evaluation.noninferiority import RULE, decide
+from orthorank.evaluation.overlap import MAX_SHARED
 from orthorank.evaluation.stats import paired_time_ratio
 from orthorank.method.apply import apply_plan, restore_dense
 from orthorank.method.cost import Arch, compute_sparsity, prefill_sparsity
@@ -208,21 +210,15 @@ def _tails(text: str | None) -> list[int]:
 CALIBRATION_POOLS = ("c4", "news")
 
 
-def calibration_items(lm, tasks: list[str], length: int, samples: int, data_dir) -> list[Item]:
-    """The suite's tasks built from calibration text (C4's and news' calibration parts) with another seed."""
+def calibration_items(lm, tasks: list[str], length: int, samples: int, data_dir, layouts=("last",),
+                      chats=(False,)) -> list[Item]:
+    """The suite's tasks built from calibration text (C4's and news' calibration parts, BoolQ's calibration rows)
+    with another seed."""
     pools = {name: split_sentences(load_calibration_text(name, data_dir)) for name in CALIBRATION_POOLS}
-    builder = SuiteBuilder(lm.tokenizer, pools, seed=CALIBRATION_SEED)
+    qa = load_qa_rows(data_dir, "calibration") if "qa" in tasks else None
+    builder = SuiteBuilder(lm.tokenizer, pools, seed=CALIBRATION_SEED, qa_rows=qa)
     return [dataclasses.replace(it, key="calibration/" + it.key)
-            for it in _items(builder, lm.tokenizer, tasks, length, samples)]
-
-
-def largest_shared(evaluation: list[Item], calibration: list[Item]) -> float:
-    """The largest share of an evaluation prompt's 16-token runs found in any calibration prompt (evaluation/
-    overlap.py); the tasks' shared instruction and answer templates alone are a few percent."""
-    cal = np.unique(np.concatenate([ngram_hashes(torch.tensor(it.ids)).ravel() for it in calibration]))
-    shares = [float(np.isin(ngram_hashes(torch.tensor(it.ids)), cal).mean()) for it in evaluation
-              if len(it.ids) >= NGRAM]
-    return max(shares, default=0.0)
+            for it in _items(builder, lm.tokenizer, tasks, length, samples, layouts, chats)]
 
 
 def choose_tail(opts: FrontierOptions, lm, row: Row, tails: list[int], items: list[Item],
@@ -238,14 +234,10 @@ def choose_tail(opts: FrontierOptions, lm, row: Row, tails: list[int], items: li
     return best, means
 
 
-def _items(builder: SuiteBuilder, tokenizer, tasks: list[str], length: int, samples: int) -> list[Item]:
-    items = []
-    for task in tasks:
-        for i in range(samples):
-            s = builder.sample(task, length, i)
-            items.append(Item(f"{length:06d}/{task}/{i:04d}", tokenizer(s.prompt).input_ids, s.max_new_tokens,
-                              lambda text, a=s.answers: score(text, a)))
-    return items
+def _items(builder: SuiteBuilder, tokenizer, tasks: list[str], length: int, samples: int, layouts=("last",),
+           chats=(False,)) -> list[Item]:
+    del tokenizer  # the builder tokenizes (a chat template's prompt is tokenized without a second BOS)
+    return suite_items(builder, tasks, length, samples, list(layouts), list(chats))
 
 
 def _scores(opts: FrontierOptions, lm, rows: list[Row], items: list[Item], settings: dict[str, Any],
@@ -317,12 +309,22 @@ def _file_name(name: str) -> str:
     return "".join(c if c.isalnum() or c in ".-" else "-" for c in name).strip("-").replace("--", "-")
 
 
-def _points(rows: list[Row], scores: dict, times: dict[str, list[float]], arch: Arch, length: int) -> list:
-    dense_scores = [scores["dense"][k]["score"] for k in sorted(scores["dense"])]
+def _points(rows: list[Row], scores: dict, times: dict[str, list[float]], arch: Arch, length: int,
+            items: list[Item] | None = None) -> list:
+    keys = sorted(scores["dense"])
+    dense_scores = [scores["dense"][k]["score"] for k in keys]
+    labels = {it.key: it.labels for it in items or []}
+    groups = {kind: [labels.get(k, {}).get(kind, "-") for k in keys] for kind in ("task", "layout", "chat")
+              if len({labels.get(k, {}).get(kind) for k in keys}) > 1}
     points = []
     for row in rows:
-        vals = [scores[row.name][k]["score"] for k in sorted(scores[row.name])]
+        vals = [scores[row.name][k]["score"] for k in keys]
         summary = summarize({"all": vals}, None if row.method == "dense" else {"all": dense_scores})["all"]
+        if row.method != "dense":  # the non-inferiority rule on the paired items (evaluation/noninferiority.py)
+            summary["verdict"] = decide(vals, dense_scores, groups).to_dict()
+        else:
+            summary["groups"] = {f"{kind}={g}": 100 * float(np.mean([v for v, x in zip(vals, lab) if x == g]))
+                                 for kind, lab in groups.items() for g in dict.fromkeys(lab)}
         sp = paired_time_ratio(times["dense"], times[row.name])
         compute = prefill_sparsity(arch, length, row.plan.compute_sparsity(arch, length) or 0.0)
         points.append(frontier.Point(
@@ -379,6 +381,7 @@ def check(opts: FrontierOptions) -> tuple[list[int], list[str], list[float]]:
     """Bad options and missing plans are one-line errors before the model loads."""
     lengths, tasks, levels = parse_lengths(opts.lengths), parse_tasks(opts.tasks), _levels(opts.levels)
     _tails(opts.tails)
+    parse_layouts(opts.layouts), chat_modes(opts.chat), parse_spans(opts.spans)
     if opts.policies:
         parse_variants(opts.policies)
     _checked_preset(opts)
@@ -433,16 +436,19 @@ def _scored_items(opts: FrontierOptions, lm, builder: SuiteBuilder, tasks: list[
                   length: int) -> tuple[list[Item], dict[str, Any], float | None]:
     """The prompts rows are scored on, their store settings, and (on calibration prompts) the largest share of an
     evaluation prompt's text any of them holds, checked below the overlap bar."""
-    evaluation = _items(builder, lm.tokenizer, tasks, length, opts.samples)
+    layouts, chats = parse_layouts(opts.layouts), chat_modes(opts.chat)
+    evaluation = _items(builder, lm.tokenizer, tasks, length, opts.samples, layouts, chats)
+    settings = {"tasks": tasks, "length": length, "samples": opts.samples}
+    if (layouts, chats) != (["last"], [False]):  # settings of runs before layouts keep their store keys
+        settings.update(layouts=layouts, chat=opts.chat)
     if opts.score_on == "evaluation":
-        return evaluation, {"tasks": tasks, "length": length, "samples": opts.samples, "seed": opts.seed}, None
-    calib = calibration_items(lm, tasks, length, opts.samples, opts.data_dir)
+        return evaluation, {**settings, "seed": opts.seed}, None
+    calib = calibration_items(lm, tasks, length, opts.samples, opts.data_dir, layouts, chats)
     shared = largest_shared(evaluation, calib)
     if shared > MAX_SHARED:
         raise UserError(f"a calibration prompt shares {shared:.0%} of an evaluation prompt's text at {length} "
                         "tokens: scoring on it would tune on evaluation text")
-    return calib, {"tasks": tasks, "length": length, "samples": opts.samples, "seed": CALIBRATION_SEED,
-                   "calibration": True}, round(shared, 4)
+    return calib, {**settings, "seed": CALIBRATION_SEED, "calibration": True}, round(shared, 4)
 
 
 def run(opts: FrontierOptions) -> int:
@@ -457,10 +463,12 @@ def run(opts: FrontierOptions) -> int:
     for length in lengths:
         check_context(lm.model, length)
     arch = Arch.from_config(lm.config, lm.num_layers)
-    builder = SuiteBuilder(lm.tokenizer, pools, seed=opts.seed)
+    qa = load_qa_rows(opts.data_dir, "evaluation") if "qa" in tasks else None
+    builder = SuiteBuilder(lm.tokenizer, pools, seed=opts.seed, qa_rows=qa)
     (out / "plans").mkdir(parents=True, exist_ok=True)
     result: dict[str, Any] = {"command": "frontier", "model": lm.name, "scored_on": opts.score_on, "tasks": tasks,
-                              "samples": opts.samples,
+                              "samples": opts.samples, "layouts": parse_layouts(opts.layouts), "chat": opts.chat,
+                              "spans": parse_spans(opts.spans), "rule": RULE.describe(),
                               "levels": levels, "repeats": opts.repeats, "lengths": {}}
     tables = []
     for length in lengths:
@@ -468,21 +476,23 @@ def run(opts: FrontierOptions) -> int:
         rows = _rows(opts, lm, length, levels, print)
         items, settings, shared = _scored_items(opts, lm, builder, tasks, length)
         rows, chosen = _with_tails(opts, lm, rows, items, tasks, tails, length)
+        rows += span_rows(rows, parse_spans(opts.spans))
         scores, left_out = _scores_until_loss(opts, lm, rows, items, settings)
         rows = [r for r in rows if r.name in scores]
         times = _times(lm, rows, items[0].ids, opts.repeats)
-        points = _points(rows, scores, times, arch, length)
+        points = _points(rows, scores, times, arch, length, items)
         for row in rows[1:]:  # every row's plan, for `bench --plan FILE --profile` and `generate --plan FILE`
             row.applied().save(out / "plans" / f"{length}-{_file_name(row.name)}.json", overwrite=True)
         on = (f"offline suite seed {opts.seed}" if shared is None else "calibration prompts: the tasks built from "
               f"C4's and news' calibration text, seed {CALIBRATION_SEED}, sharing at most {shared:.1%} of an "
               "evaluation prompt's text")
         caption = (f"{lm.name}, {length} tokens: score = mean accuracy (%) on {', '.join(tasks)}, {opts.samples} "
-                   f"samples per task ({len(items)} items, {on}), paired with dense, 95% "
+                   f"samples per task, layout ({', '.join(parse_layouts(opts.layouts))}) and chat template "
+                   f"({opts.chat}) ({len(items)} items, {on}), paired with dense, 95% "
                    f"bootstrap intervals; speed-up = time to first token of dense / the row's, batch 1, median of "
                    f"{opts.repeats} interleaved rounds with a bootstrap interval over rounds; compute = share of "
-                   "the dense prefill's FLOPs skipped at this length (LM head on the last position only); free = no "
-                   "loss against dense the sample shows")
+                   "the dense prefill's FLOPs skipped at this length (LM head on the last position only); "
+                   f"non-inferior = {RULE.describe()} (evaluation/noninferiority.py)")
         tables.append(frontier.table(points, length, caption))
         if left_out:
             tables[-1] += ("\nNot scored (`--stop-after-loss`: a lower level of the same setting already lost against "

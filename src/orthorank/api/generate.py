@@ -20,7 +20,7 @@ from orthorank.evaluation.generation import generate_rows
 from orthorank.method.apply import apply_plan, restore_dense
 from orthorank.method.cost import Arch
 from orthorank.method.plan import Plan
-from orthorank.method.presets import Preset, load_preset, preset_plan
+from orthorank.method.presets import Preset, load_preset, preset_plan, with_spans
 from orthorank.method.schedules import SCHEDULES
 from orthorank.models.loading import check_context
 from orthorank.results import check_writable, write_json
@@ -66,7 +66,14 @@ def _preset(opts: GenerateOptions) -> Preset | None:
     preset = load_preset(opts.preset)
     if preset.method not in ("dense", *SCHEDULES):
         _preset_saved(opts, preset)
+    if _spans_set(opts) and preset.method != "local":
+        raise UserError(f"--global-head/--global-tail set local attention's spans; the {preset.name} preset is "
+                        f"{preset.method}")
     return preset
+
+
+def _spans_set(opts: GenerateOptions) -> bool:
+    return opts.global_head is not None or opts.global_tail is not None
 
 
 def _preset_saved(opts: GenerateOptions, preset: Preset, model_name: str | None = None) -> Plan:
@@ -85,6 +92,9 @@ def run(opts: GenerateOptions) -> int:
     preset = _preset(opts)
     if preset is None:
         check_plan_options(opts)
+        if _spans_set(opts) and not opts.plan:
+            raise UserError("--global-head/--global-tail set local attention's spans: use them with --preset "
+                            "long-prompt or a local attention --plan FILE")
     prompts = read_prompts(opts)
     saved = saved_plan_path(opts) if preset is None else None
     lm = load_model_from_options(opts)
@@ -101,6 +111,12 @@ def run(opts: GenerateOptions) -> int:
               + (f", always updating the last {preset.tail} tokens" if preset.tail else "")
               + f" ({len(plan.layers)} layers changed"
               + (f"; {plan.provenance['why']}" if "why" in plan.provenance else "") + ")", file=sys.stderr)
+    if _spans_set(opts) and plan.method != "dense":  # a preset that runs dense on a short prompt has no spans
+        plan = with_spans(plan, opts.global_head, opts.global_tail)
+    if plan.method == "local":
+        a = plan.attention
+        print(f"local attention spans: the first {a.global_keys} tokens read by every query, the last {a.tail} "
+              "reading every key", file=sys.stderr)
     for r in rows:
         check_context(lm.model, len(r) + opts.max_new_tokens)
     check_memory(lm, min(opts.batch_size, len(rows)), max(map(len, rows)),

@@ -7,7 +7,7 @@ import argparse
 
 from orthorank.api import frontier
 from orthorank.cli.common import DATA_DIR_HELP, add_model_args, add_store_args, finite_float, positive_int
-from orthorank.evaluation.longctx_suite import LENGTHS, TASKS
+from orthorank.evaluation.longctx_suite import LAYOUTS, LENGTHS, TASKS
 from orthorank.method.registry import saved
 from orthorank.method.schedules import DEFAULT_START, SCHEDULES
 
@@ -44,7 +44,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help=f"prompt lengths: {', '.join(LENGTHS)} or N tokens (default %(default)s)")
     p.add_argument("--tasks", default="niah_single,niah_multikey",
                    help=f"offline-suite tasks, from {', '.join(TASKS)} (default %(default)s)")
-    p.add_argument("--samples", type=positive_int, default=10, help="samples per task (default %(default)s)")
+    p.add_argument("--layouts", default="last",
+                   help="where the question goes, comma-separated: last (after the document, with the task's answer "
+                        "prefix), first (before it, the prompt ending in 'Answer:'), long (last, after over 100 "
+                        f"tokens of instructions); from {', '.join(LAYOUTS)} (default %(default)s)")
+    p.add_argument("--chat", choices=("off", "on", "both"), default="off",
+                   help="the tokenizer's chat template around each prompt: off, on or both (default %(default)s)")
+    p.add_argument("--spans", default=None, metavar="H:W,...",
+                   help="local attention rows also with these global spans: the prompt's first H tokens read by every "
+                        "query, its last W tokens reading every key, e.g. 0:64,192:64 (default: the plan's own)")
+    p.add_argument("--samples", type=positive_int, default=10,
+                   help="samples per task, layout and chat mode (default %(default)s)")
     p.add_argument("--longbench", type=positive_int, default=None, metavar="N",
                    help="also score dense and each method's free point on the first N examples of a LongBench task "
                         "(default: none)")

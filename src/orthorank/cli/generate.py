@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from orthorank.cli.common import add_model_args, add_output_args, add_plan_args, positive_int
+from orthorank.cli.common import add_model_args, add_output_args, add_plan_args, non_negative_int, positive_int
 from orthorank.method.registry import saved
 
 
@@ -29,6 +29,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="tokens generated per prompt (default %(default)s)")
     p.add_argument("--batch-size", type=positive_int, default=8, help="prompts per batch for --file (default %(default)s)")
     p.add_argument("--chat", action="store_true", help="apply the tokenizer's chat template to each prompt")
+    p.add_argument("--global-head", type=non_negative_int, default=None, metavar="H",
+                   help="local attention (the long-prompt preset): the prompt's first H tokens, its instruction, are "
+                        "read by every query; counted from the first token, a chat template's own turns included "
+                        "(default: the preset's)")
+    p.add_argument("--global-tail", type=non_negative_int, default=None, metavar="W",
+                   help="local attention: the prompt's last W tokens, its question or answer cue, read every key "
+                        "(default: the preset's)")
     p.add_argument("--compile", action="store_true",
                    help="compile the decode step with torch.compile (static cache; the first tokens pay the "
                         "compilation); eager with one warning line where compile cannot run")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 
 from orthorank.cli.common import DATA_DIR_HELP, add_model_args, add_store_args, deprecated, finite_float, positive_int
-from orthorank.evaluation.longctx_suite import LENGTHS, TASKS
+from orthorank.evaluation.longctx_suite import CLASSIC_TASKS, LENGTHS, TASKS
 from orthorank.method.policies import DECODE_MODES
 from orthorank.method.registry import saved
 
@@ -44,8 +44,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("longctx", help="offline long-context suite (needles, variable tracking, common words)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_common(p)
-    p.add_argument("--tasks", default=",".join(TASKS),
-                   help=f"comma-separated, from {', '.join(TASKS)} (default: all)")
+    p.add_argument("--tasks", default=",".join(CLASSIC_TASKS),
+                   help=f"comma-separated, from {', '.join(TASKS)} (default: %(default)s)")
     p.add_argument("--lengths", default="1k,2k,4k",
                    help=f"prompt lengths in tokens: {', '.join(LENGTHS)} or N (default %(default)s)")
     p.add_argument("--samples", type=positive_int, default=50,

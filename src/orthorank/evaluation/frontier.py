@@ -1,11 +1,13 @@
 """The retrieval frontier: at one prompt length, each setting's measured prefill speed-up against its long-context
-score, both paired with dense, and the free speed-up each method reaches.
+score, both paired with dense, and the best speed-up each method reaches without answering worse.
 
-A point is free when its score stays within dense's reach: the paired difference's 95% interval reaches 0 (no
-loss the sample can show) and its mean lies inside dense's own 95% interval. A method's free speed-up is the
-largest measured speed-up (median of paired rounds) among its free points, reported with that point's interval;
-a method with no free point has none. Few samples make many points free by default, so every table says how many
-items and rounds it rests on.
+A point is kept ("free" in the files, for their readers) only when it passes the non-inferiority rule of
+evaluation/noninferiority.py against dense on the same items: dense solves enough items, the paired difference's 95%
+interval excludes a loss beyond the margin, and no task or layout shows a loss. A method's best speed-up is the largest
+measured speed-up (median of paired rounds) among its points that pass, reported with that point's interval; a method
+with none has none. Every table gives the discordant pairs (items only dense solves / items only the row solves).
+Points from older files that kept only means are judged by `decide_from_summary` (they cannot pass: their items are
+not paired in the file).
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from orthorank.evaluation.noninferiority import Verdict, decide_from_summary
 
 
 @dataclass
@@ -35,15 +39,25 @@ class Point:
         return {**asdict(self), "ideal_speedup": round(self.ideal, 4), "free": None}
 
 
+def verdict(point: Point, dense: Point) -> Verdict | None:
+    """The non-inferiority verdict of a point against dense: the one the run stored from its paired items, or, for
+    older files that kept only means, the summary's (which never passes). None for dense itself."""
+    if point.method == "dense":
+        return None
+    stored = point.score.get("verdict")
+    if stored is not None:
+        return Verdict(**stored)
+    if "diff" not in point.score:
+        return None
+    return decide_from_summary(point.score["mean"], dense.score["mean"], int(point.score["n"]))
+
+
 def is_free(point: Point, dense: Point) -> bool:
-    """No loss against dense that the sample shows: the paired difference's interval reaches 0 (or lies above it)
-    and the mean score is inside dense's interval (or above it)."""
+    """Passes the non-inferiority rule against dense (dense itself is its own reference)."""
     if point.method == "dense":
         return True
-    diff = point.score.get("diff")
-    if diff is None:
-        return False
-    return diff["high"] >= 0.0 and point.score["mean"] >= dense.score["low"]
+    v = verdict(point, dense)
+    return v is not None and v.passes
 
 
 def free_speedups(points: list[Point]) -> dict[str, dict[str, Any] | None]:
@@ -72,14 +86,18 @@ def table(points: list[Point], length: int, caption: str) -> str:
     dense = next(p for p in points if p.method == "dense")
     lines = [f"### {length} tokens", "", caption, "",
              "| setting | layers | compute | FLOP ideal | measured speed-up [95% CI] | score [95% CI] | "
-             "vs dense (points) [95% CI] | free |",
-             "|---|---|---|---|---|---|---|---|"]
+             "vs dense (points) [95% CI] | only dense / only it | non-inferior |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for p in points:
-        diff = "-" if p.method == "dense" else _iv(p.score["diff"], spec="+.1f")
+        v = verdict(p, dense)
+        diff = "-" if v is None else f"{v.diff:+.1f} [{v.low:+.1f}, {v.high:+.1f}]"
+        pairs = "-" if v is None else f"{v.only_dense} / {v.only_setting}"
+        ok = "-" if v is None else ("yes" if v.passes else f"no: {v.reason}")
         lines.append(f"| {p.name} | {p.layers} | {p.compute:.3f} | {p.ideal:.3f}x | {_iv(p.speedup)}x | "
-                     f"{_iv(p.score, 'mean', '.1f')} | {diff} | {'yes' if is_free(p, dense) else 'no'} |")
-    lines += ["", "Free speed-up per method (the largest measured speed-up among its free points):", "",
-              "| method | free speed-up [95% CI] | at | score |", "|---|---|---|---|"]
+                     f"{_iv(p.score, 'mean', '.1f')} | {diff} | {pairs} | {ok} |")
+    lines += ["", "Best non-inferior speed-up per method (the largest measured speed-up among its points that pass "
+              "the rule):", "",
+              "| method | speed-up [95% CI] | at | score |", "|---|---|---|---|"]
     for method, best in free_speedups(points).items():
         if best is None:
             lines.append(f"| {method} | none | - | - |")

@@ -3,7 +3,7 @@ through the result store (resumable, shardable under torchrun), with intervals a
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import numpy as np
@@ -44,6 +44,8 @@ class Item:
     max_new_tokens: int
     score: Callable[[str], float]
     stop_ids: list[int] | None = None
+    labels: dict[str, str] = field(default_factory=dict)  # e.g. {"task": ..., "layout": ...}: the rule's groups
+    haystack: str = "text"  # where its filler comes from (the overlap check reads only text pools)
 
 
 def longctx_key(model: nn.Module, plan: Plan, suite: str, settings: dict[str, Any],

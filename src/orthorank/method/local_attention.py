@@ -8,11 +8,17 @@ et al. 2024) and MInference's A-shape heads (Jiang et al. 2024), with the querie
 that the question still reads the whole prompt: every token's K/V is computed from its full layer input, so a needle
 anywhere stays visible to the tail's queries in every layer.
 
+Three global spans. The sink and the prompt's instruction head are global keys: every query reads the first
+G = max(sinks, head) keys, so a document read locally still sees the instruction before it ("Summarise the report
+below: ..."). The tail is global queries: the prompt's last `tail` tokens read every key, so the question (or the
+cue after a question-first prompt) reads the whole prompt. A question longer than the tail loses its first part's
+global reads; the head is how a question placed before the document stays visible to every query.
+
 The pattern, for a prompt of N real tokens at positions 0..N-1 (a token of a left-padded row at its real position):
 - a query at p >= N - tail sees every key at or before p (causal, as dense);
-- a query at p < N - tail sees the `sinks` first keys and the keys from max(sinks, floor(p / block) * block -
-  window) to p: at least `window` and at most `window + block - 1` keys back, block-aligned so that a block of
-  queries shares one key range and runs as one causal kernel call.
+- a query at p < N - tail sees the G first keys and the keys from max(G, floor(p / block) * block - window) to p:
+  at least `window` and at most `window + block - 1` keys back, block-aligned so that a block of queries shares one
+  key range and runs as one causal kernel call.
 
     local_attention(q, k, v, scale=..., cfg=LocalAttention(window=256))   # q [B, H, N, d], k/v [B, Hkv, N, d]
 
@@ -43,17 +49,24 @@ class LocalAttention:
     sinks: int = 4  # the first keys every query reads (the attention sink; StreamingLLM keeps 4)
     tail: int = 64  # the prompt's last tokens, which attend globally (the question)
     block: int = 256  # queries per kernel call; a query reads between window and window + block - 1 keys back
+    head: int = 0  # the prompt's first tokens (its instruction), keys every query reads, as the sinks
 
     def __post_init__(self) -> None:
         for name in ("window", "block"):
             if int(getattr(self, name)) < 1:
                 raise UserError(f"local attention's {name} must be a positive number of tokens, got {getattr(self, name)}")
-        for name in ("sinks", "tail"):
+        for name in ("sinks", "tail", "head"):
             if int(getattr(self, name)) < 0:
                 raise UserError(f"local attention's {name} must be 0 or more tokens, got {getattr(self, name)}")
 
+    @property
+    def global_keys(self) -> int:
+        """The first keys every query reads: the sinks and the instruction head."""
+        return max(int(self.sinks), int(self.head))
+
     def to_dict(self) -> dict[str, int]:
-        return {k: int(v) for k, v in asdict(self).items()}
+        # no head: the fields plans had before it, so their files and result-store keys stay as they were
+        return {k: int(v) for k, v in asdict(self).items() if k != "head" or v}
 
     @classmethod
     def from_dict(cls, data: Any) -> "LocalAttention":
@@ -71,13 +84,15 @@ class LocalAttention:
 def first_local_key(p: np.ndarray | torch.Tensor, cfg: LocalAttention):
     """The first non-sink key a context query at position p reads."""
     lo = (p // cfg.block) * cfg.block - cfg.window
-    return np.maximum(lo, cfg.sinks) if isinstance(p, np.ndarray) else torch.clamp(lo, min=cfg.sinks)
+    g = cfg.global_keys
+    return np.maximum(lo, g) if isinstance(p, np.ndarray) else torch.clamp(lo, min=g)
 
 
 def keys_read(seq_len: int, cfg: LocalAttention) -> np.ndarray:
     """[N] how many keys each query of an N-token prompt reads (the cost model's count)."""
     p = np.arange(seq_len)
-    local = np.where(p < cfg.sinks, p + 1, cfg.sinks + p - first_local_key(p, cfg) + 1)
+    g = cfg.global_keys
+    local = np.where(p < g, p + 1, g + p - first_local_key(p, cfg) + 1)
     return np.where(p >= seq_len - cfg.tail, p + 1, np.minimum(local, p + 1))
 
 
@@ -95,7 +110,7 @@ def local_allowed(valid: torch.Tensor, cfg: LocalAttention, prompt_len: torch.Te
     n = valid.sum(-1) if prompt_len is None else prompt_len.to(valid.device)
     rq, rk = r[:, :, None], r[:, None, :]
     causal = (rk <= rq) & valid[:, None, :] & valid[:, :, None]
-    local = (rk < cfg.sinks) | (rk >= first_local_key(rq, cfg))
+    local = (rk < cfg.global_keys) | (rk >= first_local_key(rq, cfg))
     tail = rq >= (n - cfg.tail)[:, None, None]
     allowed = causal & (local | tail)
     allowed |= torch.eye(T, dtype=torch.bool, device=valid.device)[None] & ~valid[:, :, None]
@@ -111,7 +126,7 @@ def local_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale:
     if valid is not None and not bool(valid.all()):
         mask = local_allowed(valid, cfg)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
-    S, W, C = cfg.sinks, cfg.window, cfg.block
+    S, W, C = cfg.global_keys, cfg.window, cfg.block
     context = max(0, N - cfg.tail)
     out = torch.empty_like(q)
     for a in range(0, context, C):

@@ -36,6 +36,10 @@ class Preset:
     tail: int = 0  # always-updated last tokens of the prompt (within K)
     policy: str | None = None  # a policy variant on its selection layers (method/policies.parse_variant)
     min_length: int = 0  # the shortest prompt length it was measured at: shorter prompts run dense (unmeasured)
+    global_head: int = 0  # local attention: the prompt's first tokens, read by every query (its instruction)
+    global_tail: int | None = None  # local attention: the prompt's last tokens, reading every key (None: the plan's)
+    models: list[str] | None = None  # the models it was chosen on; others run dense (None: presets before this field)
+    max_length: int = 0  # the longest prompt length it was chosen at; longer prompts run dense (0: no bound)
     evidence: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -73,6 +77,14 @@ def preset_plan(preset: Preset, model: str, signature: dict[str, Any], arch: Arc
         return Plan("dense", [], model, signature,
                     provenance={"preset": preset.name, "why": f"prompts under {preset.min_length} tokens run dense: "
                                                               "the preset was measured from that length on"})
+    if preset.models is not None and model not in preset.models:
+        return Plan("dense", [], model, signature,
+                    provenance={"preset": preset.name, "why": f"{model} runs dense: the preset was chosen on "
+                                                              f"{', '.join(preset.models)} only"})
+    if preset.max_length and prompt_len > 1.25 * preset.max_length:
+        return Plan("dense", [], model, signature,
+                    provenance={"preset": preset.name, "why": f"prompts over {preset.max_length} tokens (+25%) run "
+                                                              "dense: the preset was not measured there"})
     L = arch.num_layers
     removed = min(L - 1, math.ceil(preset.level * L - 1e-9))
     target = compute_sparsity(arch, prompt_len, "prune", removed)
@@ -87,9 +99,19 @@ def preset_plan(preset: Preset, model: str, signature: dict[str, Any], arch: Arc
             raise UserError(f"the {preset.name} preset needs the saved {preset.method} plan of this model")
         plan = (saved_prefix(saved, removed) if saved.method == "prune"
                 else closest_prefix(saved, arch, prompt_len, target)[0])
+    if plan.method == "local":
+        plan = with_spans(plan, preset.global_head, preset.global_tail)
     if plan.selection is not None:
         change = parse_variant(preset.policy) if preset.policy else {}
         if preset.tail:
             change["keep_recent"] = preset.tail
         plan = dataclasses.replace(plan, selection=dataclasses.replace(plan.selection, **change))
     return dataclasses.replace(plan, provenance={**plan.provenance, "preset": preset.name})
+
+
+def with_spans(plan: Plan, head: int | None = None, tail: int | None = None) -> Plan:
+    """A local attention plan with other global spans (method/local_attention.py); None keeps the plan's own."""
+    if plan.method != "local":
+        raise UserError(f"global spans (head, tail) belong to local attention plans, not to a {plan.method} plan")
+    change = {k: int(v) for k, v in (("head", head), ("tail", tail)) if v is not None}
+    return dataclasses.replace(plan, attention=dataclasses.replace(plan.attention, **change)) if change else plan

@@ -27,12 +27,23 @@ from orthorank.results import atomic_write_text
 
 def parse_family(family: str) -> tuple[str, str | None, int]:
     """"depth[+recent=64]" -> ("depth", None, 64); "orthorank[attention+window=64]" -> ("orthorank",
-    "attention+window=64", 0)."""
+    "attention+window=64", 0); "local[head=192+tail=64]" -> ("local", None, 0) (its spans: `parse_spans_of`)."""
     base, _, rest = family.partition("[")
     spec = rest.rstrip("]")
     if spec.startswith("+recent="):
         return base, None, int(spec.split("=", 1)[1])
+    if spec.startswith("head="):
+        return base, None, 0
     return base, spec or None, 0
+
+
+def parse_spans_of(family: str) -> tuple[int, int | None]:
+    """"local[head=192+tail=64]" -> (192, 64); a family without spans -> (0, None): the plan's own."""
+    spec = family.partition("[")[2].rstrip("]")
+    if not spec.startswith("head="):
+        return 0, None
+    fields = dict(part.split("=", 1) for part in spec.split("+"))
+    return int(fields["head"]), int(fields["tail"])
 
 
 def free_through(entry: dict[str, Any], family: str) -> float | None:
@@ -87,10 +98,14 @@ def choose(frontiers: dict[str, dict[str, Any]], name: str) -> Preset:
                                                "not_free_somewhere": not_free, "scored_on": "calibration"})
     family = ranked[0]
     method, policy, tail = parse_family(family)
+    head, global_tail = parse_spans_of(family)
     bounds = [b for b in (free_through(entry, family) for _, _, entry in settings) if b is not None]
     level = min(bounds) if bounds else max(entry["free_speedups"][family]["level"] for _, _, entry in settings)
     per_setting = {f"{label} {length}": entry["free_speedups"][family] for label, length, entry in settings}
     return Preset(name, method, level, tail, policy, min(int(length) for _, length, _ in settings),
+                  global_head=head, global_tail=global_tail,
+                  models=sorted({data["model"] for data in frontiers.values()}),
+                  max_length=max(int(length) for _, length, _ in settings),
                   evidence={"chosen": family, "scored_on": "calibration", "free_everywhere": free_everywhere,
                             "not_free_somewhere": not_free, "measured": where,
                             "free_points": {k: {"point": v["point"], "level": v["level"], "speedup": v["speedup"],
