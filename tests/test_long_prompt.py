@@ -585,3 +585,23 @@ def test_frontier_on_the_suite_with_layouts_chat_and_spans_stores_verdicts(capsy
     assert span["extra"]["plan"]["attention"]["head"] == 48 and span["extra"]["plan"]["attention"]["tail"] == 32
     assert "only dense / only it" in (tmp_path / "f" / "frontier.md").read_text()
     assert data["layouts"] == ["last", "first"] and data["chat"] == "both"
+
+
+def test_a_preset_records_where_it_was_chosen_and_runs_dense_elsewhere(tmp_path):
+    import json
+
+    from orthorank.method.presets import Preset, preset_plan
+    from orthorank.method.cost import Arch
+
+    m = tiny_model("llama", layers=6)
+    arch = Arch.from_config(m.config, 6)
+    preset = Preset("long-prompt", "local", 0.4, min_length=512, global_head=32, global_tail=16,
+                    models=["tiny"], max_length=1024)
+    plan = preset_plan(preset, "tiny", _signature(m), arch, 1024)
+    assert plan.method == "local" and plan.attention.head == 32 and plan.attention.tail == 16
+    assert preset_plan(preset, "other", _signature(m), arch, 1024).method == "dense"  # not chosen on it
+    assert preset_plan(preset, "tiny", _signature(m), arch, 4096).method == "dense"  # not measured there
+    for bad in ({"models": "tiny"}, {"max_length": "8k"}, {"global_head": -1}):
+        data = {**Preset("p", "local", 0.4).to_dict(), **bad}
+        with pytest.raises(UserError, match="malformed"):
+            Preset.from_dict(json.loads(json.dumps(data)), "preset file p.json")

@@ -44,6 +44,14 @@ def test_the_same_loss_rate_on_many_items_is_refused_by_the_margin(scale):
     assert not v.passes and "beyond 5 points" in v.reason
 
 
+def test_a_loss_shown_overall_fails_even_inside_the_margin_and_spread_over_groups():
+    setting, dense = _pairs(580, 40, 10, 370)  # -3.0 points, interval wholly below 0
+    task = [f"t{i % 30}" for i in range(len(dense))]  # spread thin: no group shows it alone
+    v = decide(setting, dense, {"task": task})
+    assert v.low > -RULE.margin and v.high < 0
+    assert not v.passes and "loss shown overall" in v.reason
+
+
 def test_a_cell_at_the_floor_decides_nothing():
     setting, dense = _pairs(0, 0, 0, 300)
     assert not decide(setting, dense).passes

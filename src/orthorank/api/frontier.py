@@ -381,7 +381,11 @@ def check(opts: FrontierOptions) -> tuple[list[int], list[str], list[float]]:
     """Bad options and missing plans are one-line errors before the model loads."""
     lengths, tasks, levels = parse_lengths(opts.lengths), parse_tasks(opts.tasks), _levels(opts.levels)
     _tails(opts.tails)
-    parse_layouts(opts.layouts), chat_modes(opts.chat), parse_spans(opts.spans)
+    parse_layouts(opts.layouts), chat_modes(opts.chat)
+    if parse_spans(opts.spans) and "local" not in _methods(opts):
+        raise UserError("--spans sets local attention's global spans: add local to --methods")
+    if "qa" in tasks:
+        load_qa_rows(opts.data_dir, "evaluation")
     if opts.policies:
         parse_variants(opts.policies)
     _checked_preset(opts)
@@ -492,7 +496,8 @@ def run(opts: FrontierOptions) -> int:
                    f"bootstrap intervals; speed-up = time to first token of dense / the row's, batch 1, median of "
                    f"{opts.repeats} interleaved rounds with a bootstrap interval over rounds; compute = share of "
                    "the dense prefill's FLOPs skipped at this length (LM head on the last position only); "
-                   f"non-inferior = {RULE.describe()} (evaluation/noninferiority.py)")
+                   f"non-inferior = {RULE.describe()} (evaluation/noninferiority.py; the vs-dense column is that "
+                   "Newcombe interval, the score's a bootstrap one)")
         tables.append(frontier.table(points, length, caption))
         if left_out:
             tables[-1] += ("\nNot scored (`--stop-after-loss`: a lower level of the same setting already lost against "

@@ -72,7 +72,7 @@ def parse_spans(text: str | None) -> list[tuple[int, int]]:
     out = []
     for part in comma_items(text):
         head, sep, tail = part.partition(":")
-        if not sep or not head.strip().isdigit() or not tail.strip().isdigit():
+        if not sep or not head.strip().isdecimal() or not tail.strip().isdecimal():
             raise UserError(f"--spans takes H:W pairs of whole numbers of tokens (head:tail), e.g. 0:64,192:64; "
                             f"got {part!r}")
         out.append((int(head), int(tail)))
@@ -90,7 +90,7 @@ def span_rows(rows: list[Row], spans: list[tuple[int, int]]) -> list[Row]:
     equal to the row's own spans is the row itself and is not repeated."""
     out = []
     for r in rows:
-        if r.plan.method != "local" or r.variant is not None:
+        if r.plan.method != "local" or r.variant is not None or r.method.startswith("preset:"):
             continue
         for head, tail in spans:
             cfg = dataclasses.replace(r.plan.attention, head=head, tail=tail)

@@ -111,7 +111,7 @@ def run(opts: GenerateOptions) -> int:
               + (f", always updating the last {preset.tail} tokens" if preset.tail else "")
               + f" ({len(plan.layers)} layers changed"
               + (f"; {plan.provenance['why']}" if "why" in plan.provenance else "") + ")", file=sys.stderr)
-    if _spans_set(opts) and plan.method != "dense":  # a preset that runs dense on a short prompt has no spans
+    if _spans_set(opts) and (preset is None or plan.method != "dense"):  # a preset may run dense on short prompts
         plan = with_spans(plan, opts.global_head, opts.global_tail)
     if plan.method == "local":
         a = plan.attention

@@ -91,7 +91,8 @@ def table(points: list[Point], length: int, caption: str) -> str:
     for p in points:
         v = verdict(p, dense)
         diff = "-" if v is None else f"{v.diff:+.1f} [{v.low:+.1f}, {v.high:+.1f}]"
-        pairs = "-" if v is None else f"{v.only_dense} / {v.only_setting}"
+        least = "at least " if v is not None and v.rule.get("from_summary") else ""  # means only: the fewest pairs
+        pairs = "-" if v is None else f"{least}{v.only_dense} / {v.only_setting}"
         ok = "-" if v is None else ("yes" if v.passes else f"no: {v.reason}")
         lines.append(f"| {p.name} | {p.layers} | {p.compute:.3f} | {p.ideal:.3f}x | {_iv(p.speedup)}x | "
                      f"{_iv(p.score, 'mean', '.1f')} | {diff} | {pairs} | {ok} |")

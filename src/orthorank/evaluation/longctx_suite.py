@@ -112,7 +112,7 @@ def parse_layouts(text: str) -> list[str]:
     bad = [t for t in layouts if t not in LAYOUTS]
     if bad or not layouts:
         raise UserError(f"unknown layout {bad[0] if bad else text!r}; choose from {', '.join(LAYOUTS)}")
-    return layouts
+    return list(dict.fromkeys(layouts))  # a layout named twice would score its items twice
 
 
 def _rng(seed, task: str, length: int, index: int) -> random.Random:

@@ -7,10 +7,14 @@ A setting passes against dense on a set of paired items (the same prompts, each 
    items a setting that loses 10% of dense's answers shows at least one loss with probability 1 - 0.9^30 = 96%.
 2. **No loss beyond the margin.** The lower bound of the 95% interval of the paired accuracy difference (setting
    minus dense, in points) is at or above -`margin` (5 points). The interval is Newcombe's hybrid score interval for
-   paired proportions (Newcombe 1998, method 10): built from the discordant pairs, with no resampling, so it is
+   paired proportions (Newcombe 1998, method 10): built from the 2x2 table of paired outcomes, no resampling, so it is
    deterministic and keeps its coverage where losses are rare (a bootstrap of 2 losses in 10 items under-covers).
-3. **No loss shown in any group.** Within every group the items are split by (the suite's task and layout), no
-   group's interval lies wholly below 0. A setting that wins on easy tasks cannot hide a failed task in the mean.
+3. **No loss shown, overall or in any group.** The interval does not lie wholly below 0, and within every group the
+   items are split by (the suite's task, layout and template) no group's interval does. A setting that wins on easy
+   tasks cannot hide a failed task in the mean.
+
+What it admits: a true loss smaller than the margin that the items cannot show. That is what non-inferiority means;
+the margin is the largest loss a user is asked to accept, and every table prints the discordant pairs beside it.
 
 Why 5 points and 30 items: the evaluation check is sized so that a 5-point loss would show (`items_for_power`);
 a margin of 2 points would need about 2,000 paired items per model and length at a 10% discordance rate
@@ -151,6 +155,8 @@ def decide(setting: Sequence[float], dense: Sequence[float], groups: Mapping[str
                                  f"(< {rule.min_dense_solved})")
     elif low < -rule.margin:
         passes, reason = False, f"a loss beyond {rule.margin:g} points is not excluded (lower bound {low:+.1f})"
+    elif high < 0.0:
+        passes, reason = False, f"a loss shown overall ({diff:+.1f} [{low:+.1f}, {high:+.1f}] points)"
     elif shown:
         passes, reason = False, "a loss shown on " + ", ".join(shown)
     else:

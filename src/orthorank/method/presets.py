@@ -51,9 +51,19 @@ class Preset:
             raise UserError(f"{source} is not an orthorank preset")
         data = {k: v for k, v in data.items() if k != "format"}
         try:
-            return cls(**data)
+            preset = cls(**data)
         except TypeError as exc:
             raise UserError(f"{source} is malformed: {exc}") from None
+        whole = lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0  # noqa: E731
+        bad = [k for k, ok in (("min_length", whole(preset.min_length)), ("max_length", whole(preset.max_length)),
+                               ("global_head", whole(preset.global_head)),
+                               ("global_tail", preset.global_tail is None or whole(preset.global_tail)),
+                               ("models", preset.models is None or (isinstance(preset.models, list) and all(
+                                   isinstance(m, str) for m in preset.models)))) if not ok]
+        if bad:
+            raise UserError(f"{source} is malformed: {bad[0]} must be "
+                            + ("a list of model names" if bad[0] == "models" else "a whole number >= 0"))
+        return preset
 
 
 def available() -> list[str]:

@@ -19,7 +19,7 @@ from typing import Any
 from orthorank.errors import UserError
 from orthorank.results import atomic_write_text
 
-RUN_KINDS = ("preset-check", "calibration")  # folders of runs that are not a method sweep on evaluation items
+RUN_KINDS = ("preset-check", "calibration", "check")  # folders of runs that are not a method sweep on evaluation items
 
 
 def _iv(d: dict[str, Any], spec: str = ".3f", unit: str = "") -> str:
@@ -78,6 +78,23 @@ def run_label(source: str, data: dict[str, Any]) -> str:
     return parts[-1] if parts else str(source)
 
 
+def headline(files: dict[str, dict[str, Any]], bar: float, preset: dict[str, Any] | None) -> str:
+    """The README's long-prompt lines: the best non-inferior point per model and length, and the shipped preset."""
+    table = summarize(files, bar).split("\n\n### ")[0].rstrip() + "\n"
+    if preset is None:
+        return table
+    if preset["method"] == "dense":
+        line = (f"`generate --preset {preset['name']}` runs **dense**: "
+                f"{preset['evidence'].get('reason', 'no setting passed')}.")
+    else:
+        spans = (f", head {preset.get('global_head', 0)}, tail {preset.get('global_tail')}"
+                 if preset["method"] == "local" else "")
+        line = (f"`generate --preset {preset['name']}`: {preset['method']} at {preset['level']:g}{spans}, chosen on "
+                f"calibration prompts of {', '.join(preset.get('models') or ['every model'])} at "
+                f"{preset['min_length']}-{preset.get('max_length') or preset['min_length']} tokens.")
+    return table + "\n" + line + "\n"
+
+
 def summarize(files: dict[str, dict[str, Any]], bar: float) -> str:
     out = []
     best_rows = []
@@ -119,6 +136,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("frontiers", nargs="+", help="frontier.json files")
     p.add_argument("--out", default=None, help="write the summary here (default: print it)")
     p.add_argument("--bar", type=float, default=1.25, help="the speed-up bar (default %(default)s)")
+    p.add_argument("--headline", default=None, metavar="FILE",
+                   help="also write the README's lines here: the best table and the shipped preset (--preset)")
+    p.add_argument("--preset", default="src/orthorank/presets/long-prompt.json", help="that preset file")
     args = p.parse_args(argv)
     try:
         files = {}
@@ -128,6 +148,9 @@ def main(argv: list[str] | None = None) -> int:
                 raise UserError(f"{f} is not a complete frontier run")
             files[f] = data
         text = summarize(files, args.bar)
+        if args.headline:
+            preset = json.loads(Path(args.preset).read_text()) if args.preset else None
+            atomic_write_text(Path(args.headline), headline(files, args.bar, preset))
     except (OSError, json.JSONDecodeError, KeyError, UserError) as exc:
         print(f"frontier_summary: error: {exc}", file=sys.stderr)
         return 2

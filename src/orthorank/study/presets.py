@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from orthorank.errors import UserError
+from orthorank.evaluation.noninferiority import RULE
 from orthorank.method.presets import PRESET_DIR, Preset
 from orthorank.results import atomic_write_text
 
@@ -93,8 +94,9 @@ def choose(frontiers: dict[str, dict[str, Any]], name: str) -> Preset:
     where = [f"{label} at {length} tokens" for label, length, _ in settings]
     not_free = [f for f in families if f not in free_everywhere]
     if not ranked or free_everywhere[ranked[0]]["geometric_mean"] <= 1.0:
-        return Preset(name, "dense", evidence={"reason": "no setting is free on every model and length measured with "
-                                               "a speed-up", "measured": where, "free_everywhere": free_everywhere,
+        return Preset(name, "dense", evidence={"reason": "no setting passes the non-inferiority rule (evaluation/"
+                                               "noninferiority.py) on every model and length measured with a "
+                                               "speed-up", "rule": RULE.describe(), "measured": where, "free_everywhere": free_everywhere,
                                                "not_free_somewhere": not_free, "scored_on": "calibration"})
     family = ranked[0]
     method, policy, tail = parse_family(family)
