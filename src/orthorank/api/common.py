@@ -66,6 +66,11 @@ def load_model_from_options(opts: Options) -> LoadedModel:
                     num_layers=getattr(opts, "num_layers", None), max_memory=getattr(opts, "max_memory", None),
                     offload_dir=getattr(opts, "offload_dir", None))
     print(lm.description(), file=sys.stderr, flush=True)
+    if getattr(opts, "sliding_kernel", "model") == "blocked":
+        from orthorank.models.sliding_attention import kernel_name, use_blocked_sliding
+
+        use_blocked_sliding(lm.model)
+        print(f"sliding-window layers: {kernel_name(lm.model)} kernel", file=sys.stderr, flush=True)
     start_meter(lm.device)  # result files record the peak above the model from here on
     return lm
 

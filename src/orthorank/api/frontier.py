@@ -51,6 +51,7 @@ from orthorank.method.presets import Preset, load_preset, preset_plan
 from orthorank.method.registry import get_method, saved
 from orthorank.method.schedules import SCHEDULES, closest_prefix, saved_prefix, schedule_plan
 from orthorank.models.last_token import LastTokenForward
+from orthorank.models.sliding_attention import kernel_name
 from orthorank.models.loading import check_context, input_device
 from orthorank.results import atomic_write_text, check_writable, write_json
 from orthorank.runtime.timing import interleaved_rounds, time_call
@@ -473,6 +474,7 @@ def run(opts: FrontierOptions) -> int:
     result: dict[str, Any] = {"command": "frontier", "model": lm.name, "scored_on": opts.score_on, "tasks": tasks,
                               "samples": opts.samples, "layouts": parse_layouts(opts.layouts), "chat": opts.chat,
                               "spans": parse_spans(opts.spans), "rule": RULE.describe(),
+                              "sliding_kernel": kernel_name(lm.model),
                               "levels": levels, "repeats": opts.repeats, "lengths": {}}
     tables = []
     for length in lengths:

@@ -56,6 +56,7 @@ class ModelOptions(Options):
     threads: int | None = field(default=None, metadata={"flag": "--threads", "kind": "value"})
     max_memory: str | None = field(default=None, metadata={"flag": "--max-memory", "kind": "value"})
     offload_dir: str | None = field(default=None, metadata={"flag": "--offload-dir", "kind": "value"})
+    sliding_kernel: str = field(default='model', metadata={"flag": "--sliding-kernel", "kind": "value"})
 
 
 @dataclass(kw_only=True)

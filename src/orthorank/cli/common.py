@@ -92,6 +92,10 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--offload-dir", default=None,
                    help="folder for weights offloaded to disk under --max-memory (default: none; a model that "
                         "needs disk offload then stops with an error)")
+    p.add_argument("--sliding-kernel", choices=("model", "blocked"), default="model",
+                   help="sliding-window layers' prefill: the model's own attention (transformers' SDPA over every key "
+                        "with a band mask) or the exact blocked kernel that reads only the window's keys "
+                        "(models/sliding_attention.py; dense and every plan alike) (default %(default)s)")
 
 
 def add_selection_args(p: argparse.ArgumentParser) -> None:

@@ -14,6 +14,7 @@ from orthorank.evaluation.stats import Interval, accuracy_interval, paired_diffe
 from orthorank.method.apply import apply_plan, restore_dense
 from orthorank.method.plan import Plan
 from orthorank.models.loading import input_device
+from orthorank.models.sliding_attention import kernel_key
 from orthorank.store import code_version, fill, model_fingerprint
 
 
@@ -52,7 +53,7 @@ def longctx_key(model: nn.Module, plan: Plan, suite: str, settings: dict[str, An
                 fingerprint: str | None = None) -> dict:
     return {"model": fingerprint or model_fingerprint(model), "plan": plan.content_hash(), "suite": suite,
             "settings": settings, "dtype": str(next(model.parameters()).dtype),
-            "device": input_device(model).type, "code": code_version("longctx")}
+            "device": input_device(model).type, "code": code_version("longctx"), **kernel_key(model)}
 
 
 def run_row(lm, row: Row, items: list[Item], namespace=None, batch_size: int = 1, progress=None) -> dict[str, dict]:

@@ -13,6 +13,7 @@ from tqdm.auto import tqdm
 from orthorank import distributed as dist
 from orthorank.errors import UserError
 from orthorank.models.loading import input_device
+from orthorank.models.sliding_attention import kernel_key
 from orthorank.store import code_version, digest, fill, model_fingerprint
 
 
@@ -104,6 +105,7 @@ def perplexity_key(model: nn.Module, plan, dataset: str, stream: torch.Tensor, s
         "dtype": str(next(model.parameters()).dtype),
         "device": input_device(model).type,
         "code": code_version("perplexity"),
+        **kernel_key(model),
     }
 
 
