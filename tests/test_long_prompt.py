@@ -583,7 +583,8 @@ def test_frontier_on_the_suite_with_layouts_chat_and_spans_stores_verdicts(capsy
         assert {"task=niah_multiquery", "layout=first", "chat=on"} <= set(v["groups"])
     span = next(p for p in entry["points"] if "[head=48+tail=32]" in p["name"])
     assert span["extra"]["plan"]["attention"]["head"] == 48 and span["extra"]["plan"]["attention"]["tail"] == 32
-    assert "only dense / only it" in (tmp_path / "f" / "frontier.md").read_text()
+    md = (tmp_path / "f" / "frontier.md").read_text()
+    assert "only dense / only it" in md and "| task=niah_multiquery | 4 |" in md  # the per-group table
     assert data["layouts"] == ["last", "first"] and data["chat"] == "both"
 
 

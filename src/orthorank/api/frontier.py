@@ -500,7 +500,7 @@ def run(opts: FrontierOptions) -> int:
                    "the dense prefill's FLOPs skipped at this length (LM head on the last position only); "
                    f"non-inferior = {RULE.describe()} (evaluation/noninferiority.py; the vs-dense column is that "
                    "Newcombe interval, the score's a bootstrap one)")
-        tables.append(frontier.table(points, length, caption))
+        tables.append(frontier.table(points, length, caption) + frontier.group_table(points))
         if left_out:
             tables[-1] += ("\nNot scored (`--stop-after-loss`: a lower level of the same setting already lost against "
                            "dense): " + ", ".join(f"{name} (after {after})" for name, after in left_out.items())

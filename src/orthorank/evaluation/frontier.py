@@ -108,6 +108,28 @@ def table(points: list[Point], length: int, caption: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def group_table(points: list[Point]) -> str:
+    """Per task, layout and template: dense's accuracy and each row's paired difference with its discordant pairs
+    (only dense / only the row), from the verdicts the run stored; empty for files without them."""
+    dense = points[0]
+    rows = [p for p in points[1:] if p.score.get("verdict") and p.score["verdict"].get("groups")]
+    if not rows or not dense.score.get("groups"):
+        return ""
+    head = "| group | items | dense (%) | " + " | ".join(p.name for p in rows) + " |"
+    lines = ["", "Per task, layout and template (each row: its accuracy minus dense's in points, 95% Newcombe "
+             "interval, and only dense / only it; ! = a loss shown):", "", head,
+             "|" + "---|" * (3 + len(rows))]
+    for g, acc in dense.score["groups"].items():
+        cells = []
+        for p in rows:
+            e = p.score["verdict"]["groups"][g]
+            cells.append(f"{e['diff']:+.1f} [{e['low']:+.1f}, {e['high']:+.1f}] {e['only_dense']}/{e['only_setting']}"
+                         + (" !" if e["loss_shown"] else ""))
+        n = rows[0].score["verdict"]["groups"][g]["n"]
+        lines.append(f"| {g} | {n} | {acc:.1f} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def plot(points: list[Point], length: int, path: Path, title: str) -> None:
     import matplotlib  # optional heavy dependency: only for the figure
 
