@@ -514,6 +514,7 @@ def run(opts: FrontierOptions) -> int:
             "points": [{**p.to_dict(), "free": frontier.is_free(p, dense)} for p in points],
             "free_speedups": frontier.free_speedups(points), "tails": chosen, "longbench": longbench,
             "left_out_after_loss": left_out, "largest_shared_with_evaluation": shared,
+            "prompt_tokens": [min(len(it.ids) for it in items), max(len(it.ids) for it in items)],
             "seconds": round(time.perf_counter() - t0, 1)}
         frontier.plot(points, length, out / f"frontier-{length}.png", f"{lm.name}: retrieval frontier at {length} "
                       "tokens")

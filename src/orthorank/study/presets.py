@@ -104,7 +104,9 @@ def choose(frontiers: dict[str, dict[str, Any]], name: str) -> Preset:
     bounds = [b for b in (free_through(entry, family) for _, _, entry in settings) if b is not None]
     level = min(bounds) if bounds else max(entry["free_speedups"][family]["level"] for _, _, entry in settings)
     per_setting = {f"{label} {length}": entry["free_speedups"][family] for label, length, entry in settings}
-    return Preset(name, method, level, tail, policy, min(int(length) for _, length, _ in settings),
+    # the shortest prompt measured: a length's prompts leave room for the answer, so they are a little shorter
+    shortest = min(int(entry.get("prompt_tokens", [length])[0]) for _, length, entry in settings)
+    return Preset(name, method, level, tail, policy, shortest,
                   global_head=head, global_tail=global_tail,
                   models=sorted({data["model"] for data in frontiers.values()}),
                   max_length=max(int(length) for _, length, _ in settings),
