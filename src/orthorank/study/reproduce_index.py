@@ -25,7 +25,14 @@ SCRIPTS = {"studies/router/summary.md": "studies/router/evidence.sh, extra.sh, s
            "studies/long-prompt/summary.md": "studies/long-prompt/run.sh and check-preset.sh, then python -m "
                                              "orthorank.study.frontier_summary studies/long-prompt/*/*/frontier.json "
                                              "studies/long-prompt/preset-check/*/*/frontier.json "
-                                             "--out studies/long-prompt/summary.md"}
+                                             "--out studies/long-prompt/summary.md --headline "
+                                             "studies/long-prompt/headline.md",
+           "studies/long-prompt/speed/sliding-prefill-gemma3-270m.md": "benchmarks/sliding_prefill.py --model "
+               "gemma3-270m --lengths 4096,8192 --rounds 5 --threads 1 --out "
+               "studies/long-prompt/speed/sliding-prefill-gemma3-270m.json, then --render that file --md this one",
+           "studies/long-prompt/headline.md": "python -m orthorank.study.relabel (older frontier files), then the "
+                                              "frontier_summary command above with --headline "
+                                              "studies/long-prompt/headline.md"}
 
 # result JSONs a block's Markdown may sit beside, first match wins
 _SIBLINGS = ("{stem}.json", "compare.json", "longctx.json", "study.json", "summary.json", "bench.json")
