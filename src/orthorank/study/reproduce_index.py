@@ -22,9 +22,10 @@ from orthorank.study.docs_blocks import BLOCK, pages
 SCRIPTS = {"studies/router/summary.md": "studies/router/evidence.sh, extra.sh, searched.sh, then python -m "
                                         "orthorank.study.router_evidence studies/router/smollm2-135m "
                                         "studies/router/gemma3-270m --out studies/router/summary.md",
-           "studies/long-prompt/summary.md": "studies/long-prompt/run.sh and check-preset.sh, then python -m "
+           "studies/long-prompt/summary.md": "studies/long-prompt/run.sh, check-preset.sh and suite/calibrate.sh, then python -m "
                                              "orthorank.study.frontier_summary studies/long-prompt/*/*/frontier.json "
                                              "studies/long-prompt/preset-check/*/*/frontier.json "
+                                             "studies/long-prompt/suite/calibration/*/*/frontier.json "
                                              "--out studies/long-prompt/summary.md --headline "
                                              "studies/long-prompt/headline.md",
            "studies/long-prompt/speed/sliding-prefill-gemma3-270m.md": "benchmarks/sliding_prefill.py --model "

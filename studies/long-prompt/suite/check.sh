@@ -15,7 +15,7 @@ TASKS=$(.venv/bin/python -c "from orthorank.evaluation.longctx_suite import RULE
 for run in $RUNS; do
   m=${run%%:*}
   len=${run##*:}
-  d=studies/long-prompt/suite/check/$m/$len
+  d=studies/long-prompt/suite/check/$m/$len-s$SAMPLES
   settings="--methods dense --preset long-prompt --levels 0.4 --tasks $TASKS --layouts last,first,long --chat both --samples $SAMPLES --repeats 5"
   if [ -f $d/frontier.json ] && grep -q '"complete": true' $d/frontier.json && [ -f $d/settings.txt ] \
       && [ "$(cat $d/settings.txt)" = "$settings" ]; then continue; fi
