@@ -1,5 +1,6 @@
 """The package's shape in numbers: its import graph between folders (and top-level modules), the arrows that run
-back up the declared layers, cycles, imports inside functions, and functions over 80 lines.
+back up the declared layers, cycles, imports inside functions, functions over 80 lines, files over 400 lines, plan
+kinds tested by name outside their modules (method/kinds/), and flags declared in more than one place.
 
     python benchmarks/code_shape.py [--json FILE] [--root OTHER_CHECKOUT/src/orthorank]
 
@@ -33,6 +34,51 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("cli",),  # the commands: parse, call, print
 )
 LONG_FUNCTION = 80
+LONG_FILE = 400
+# A plan kind or method tested by its name (`plan.method == "prune"`, `method in ("dense", "sleb")`): allowed only
+# inside the kind modules (method/kinds/), where each kind answers for itself.
+KIND_NAMES = {"method", "plan_kind", "plan_method", "kind"}
+KIND_HOME = "orthorank/method/kinds/"
+
+
+def _named_kind(node: ast.AST) -> bool:
+    return (isinstance(node, ast.Attribute) and node.attr in KIND_NAMES) or (
+        isinstance(node, ast.Name) and node.id in KIND_NAMES)
+
+
+def _literal_names(node: ast.AST) -> bool:
+    if isinstance(node, ast.Constant):
+        return isinstance(node.value, str)
+    return isinstance(node, (ast.Tuple, ast.List, ast.Set)) and bool(node.elts) and all(
+        isinstance(e, ast.Constant) and isinstance(e.value, str) for e in node.elts)
+
+
+def kind_string_tests(tree: ast.AST) -> list[int]:
+    """Lines that compare a plan's kind or method to names written out (==, !=, in, not in)."""
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            if any(_named_kind(a) for a in sides) and any(_literal_names(b) for b in sides):
+                lines.append(node.lineno)
+    return lines
+
+
+def flag_declarations(root: Path) -> dict[str, int]:
+    """How many places declare each long flag: the typed options' field metadata ({"flag": ...}) and each
+    `add_argument("--flag", ...)` of the CLI. One is the target: a flag written once."""
+    count: dict[str, int] = defaultdict(int)
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "add_argument" and node.args \
+                    and isinstance(node.args[0], ast.Constant) and str(node.args[0].value).startswith("--"):
+                if path.relative_to(root).parts[0] == "cli":
+                    count[node.args[0].value] += 1
+            elif isinstance(node, ast.Dict):
+                for k, v in zip(node.keys, node.values):
+                    if isinstance(k, ast.Constant) and k.value == "flag" and isinstance(v, ast.Constant):
+                        count[v.value] += 1
+    return dict(count)
 
 
 class _Imports(ast.NodeVisitor):
@@ -77,12 +123,18 @@ def measure(root: Path = ROOT) -> dict:
     layer_of = {name: i for i, names in enumerate(LAYERS) for name in names}
     arrows: dict[tuple[str, str], int] = defaultdict(int)
     statements = inside = 0
-    long_functions = []
+    long_functions, long_files, kind_tests = [], [], []
     for path in sorted(root.rglob("*.py")):
         rel = path.relative_to(root.parent).with_suffix("").parts
         module = ".".join(rel[:-1] if rel[-1] == "__init__" else rel)
         source = _node(module)
         tree = ast.parse(path.read_text())
+        where = path.relative_to(root.parent).as_posix()
+        lines = len(path.read_text().splitlines())
+        if lines > LONG_FILE:
+            long_files.append({"file": where, "lines": lines})
+        if not where.startswith(KIND_HOME):
+            kind_tests += [f"{where}:{n}" for n in kind_string_tests(tree)]
         visitor = _Imports(module, path.name == "__init__.py")
         visitor.visit(tree)
         for names, in_function in visitor.found:
@@ -105,6 +157,9 @@ def measure(root: Path = ROOT) -> dict:
     return {"nodes": len(existing), "arrows": len(arrows), "arrows_back_up": up,
             "cycles": _cycles(graph, existing), "internal_imports": statements, "imports_inside_functions": inside,
             "functions_over_80_lines": sorted(long_functions, key=lambda f: -f["lines"]),
+            "files_over_400_lines": sorted(long_files, key=lambda f: -f["lines"]),
+            "kind_string_tests": kind_tests,
+            "flags_declared_more_than_once": sorted(f for f, n in flag_declarations(root).items() if n > 1),
             "unplaced": sorted(existing - set(layer_of)), "layers": [list(x) for x in LAYERS]}
 
 
@@ -147,17 +202,27 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--json", default=None, help="also write the numbers to this file (default: print only)")
     p.add_argument("--root", default=str(ROOT), help="the package folder to measure (default: this checkout's)")
+    p.add_argument("--verbose", action="store_true", help="also list each plan-kind string test and repeated flag")
     args = p.parse_args(argv)
     m = measure(Path(args.root))
     print(f"nodes {m['nodes']}, arrows {m['arrows']}, arrows back up {len(m['arrows_back_up'])}, cycles "
           f"{len(m['cycles'])}, internal import statements {m['internal_imports']} ({m['imports_inside_functions']} "
-          f"inside functions), functions over {LONG_FUNCTION} lines {len(m['functions_over_80_lines'])}")
+          f"inside functions), functions over {LONG_FUNCTION} lines {len(m['functions_over_80_lines'])}, files over "
+          f"{LONG_FILE} lines {len(m['files_over_400_lines'])}, plan-kind string tests outside method/kinds "
+          f"{len(m['kind_string_tests'])}, flags declared more than once {len(m['flags_declared_more_than_once'])}")
     for a, b, n in m["arrows_back_up"]:
         print(f"  back up: {a} -> {b} ({n} imports)")
     for c in m["cycles"]:
         print(f"  cycle: {' <-> '.join(c)}")
     for f in m["functions_over_80_lines"]:
         print(f"  long: {f['function']} {f['lines']}")
+    for f in m["files_over_400_lines"]:
+        print(f"  long file: {f['file']} {f['lines']}")
+    if args.verbose:
+        for where in m["kind_string_tests"]:
+            print(f"  kind test: {where}")
+        for flag in m["flags_declared_more_than_once"]:
+            print(f"  flag declared again: {flag}")
     if m["unplaced"]:
         print(f"  not in LAYERS: {', '.join(m['unplaced'])}")
     if args.json:

@@ -7,7 +7,7 @@ model's own. Layer removal swaps the decoder's layer list for the kept layers.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
@@ -15,11 +15,13 @@ from orthorank.errors import UserError
 from orthorank.method.attention import backend_for
 from orthorank.method.layer import SelectiveLayer, SequenceContext, current_forward, install_forward
 from orthorank.method import local_attention
-from orthorank.method.plan import Plan
 from orthorank.method.policies import LOSS_EFFECT, PREV_INPUT
 from orthorank.method.recording import loss_effect_hook
 from orthorank.method.selection import SelectionConfig
 from orthorank.models.adapters import get_adapter
+
+if TYPE_CHECKING:  # plans name their kinds, and the kinds apply themselves with the functions below
+    from orthorank.method.plan import Plan
 
 _STATE = "_orthorank_state"
 _LAYER_ATTR = "_orthorank"
@@ -164,12 +166,5 @@ def sequence_context(model: nn.Module) -> SequenceContext | None:
 
 
 def apply_plan(model: nn.Module, plan: Plan) -> nn.Module:
-    if plan.method == "dense":
-        return restore_dense(model)
-    if plan.method == "orthorank":
-        return apply_orthorank(model, plan.layers, plan.selection)
-    if plan.method == "hybrid":
-        return apply_hybrid(model, plan.removed_layers, plan.selection_layers)
-    if plan.method == "local":
-        return apply_local(model, plan.layers, plan.attention)
-    return prune_layers(model, plan.layers)
+    """Apply a plan of any kind, in place (its kind, method/kinds/, knows how)."""
+    return plan.kind.apply(model, plan)

@@ -20,8 +20,12 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
-from orthorank.method.selection import keep_count
+from orthorank.method.policies import ATTENTION, ATTENTION_WINDOW
+from orthorank.method.selection import SelectionConfig, keep_count
 from orthorank.models.arch import Arch  # noqa: F401  (plans and costs name it from here)
+
+# The sequence length at which a plan's compute share is stated where no other is given
+DEFAULT_COST_SEQ_LEN = 2048
 
 
 @dataclass(frozen=True)
@@ -138,6 +142,14 @@ def selection_layers_to_match(arch: Arch, seq_len: int, target: float, ratio: fl
     while n <= arch.num_layers and compute_sparsity(arch, seq_len, "orthorank", n, ratio, scoring) < target - 1e-12:
         n += 1
     return n
+
+
+def selection_scoring_flops(selection: SelectionConfig, arch: Arch, seq_len: int) -> float:
+    """What a selection layer spends choosing, per token (the cost model's scoring term): the attention policies'
+    observation window, the router's features and score, or the sink dot product."""
+    if ATTENTION in selection.rule.needs:
+        return attention_scoring_flops(arch, seq_len, selection.attention_window or ATTENTION_WINDOW)
+    return selection.rule.scoring_flops(arch.hidden)
 
 
 def local_compute_sparsity(arch: Arch, seq_len: int, count: int, mean_keys: float) -> float:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import math
@@ -11,20 +10,18 @@ from pathlib import Path
 from typing import Any
 
 from orthorank.errors import UserError
-from orthorank.method.cost import (
-    Arch, attention_scoring_flops, compute_sparsity, hybrid_compute_sparsity, local_compute_sparsity, nominal_sparsity,
-    selection_layers_to_match,
+from orthorank.method.cost import (  # noqa: F401  (DEFAULT_COST_SEQ_LEN, selection_scoring_flops: named from here)
+    DEFAULT_COST_SEQ_LEN, Arch, compute_sparsity, selection_layers_to_match, selection_scoring_flops,
 )
-from orthorank.method.local_attention import LocalAttention, mean_keys_read
-from orthorank.method.policies import ATTENTION, ATTENTION_WINDOW
+from orthorank.method.kinds import KINDS, PlanKind, get_kind
+from orthorank.method.kinds.hybrid import REMOVE, actions_json, check_actions  # noqa: F401  (REMOVE: named from here)
+from orthorank.method.local_attention import LocalAttention
 from orthorank.method.selection import SelectionConfig
 from orthorank.results import atomic_write_text
 
 PLAN_FORMAT = "orthorank-plan/1"
-# "local": local prefill attention in `layers` (method/local_attention.py), every token still updated by every layer
-METHODS = ("dense", "orthorank", "prune", "hybrid", "local")
-# A hybrid plan's per-layer actions: layer -> "remove" or the selection ratio of that layer.
-REMOVE = "remove"
+# The plan kinds (method/kinds/): what a plan does to the model
+METHODS = tuple(KINDS)
 # How many selection layers a sparsity level means for OrthoRank (pruning always removes ceil(s * L) layers):
 # "compute": the fewest selection layers whose compute sparsity (FLOPs skipped at the evaluated sequence length,
 # counting what bypassed tokens still run) is at least that of pruning ceil(s * L) layers - the fair default;
@@ -33,7 +30,6 @@ REMOVE = "remove"
 # equal, and adds "speed": the same layers, the keep ratio set so that the measured prefill speed-up equals
 # pruning's on the machine at hand.
 MATCH_RULES = ("compute", "nominal", "speed")
-DEFAULT_COST_SEQ_LEN = 2048
 
 
 def layers_for_sparsity(sparsity: float, num_layers: int, method: str, ratio: float = 0.33, *,
@@ -63,14 +59,6 @@ def layers_for_sparsity(sparsity: float, num_layers: int, method: str, ratio: fl
                         f"compute, more than the {room} {'inner ' if inner_only else ''}layers; lower the sparsity "
                         "or the ratio")
     return n
-
-
-def selection_scoring_flops(selection: SelectionConfig, arch: Arch, seq_len: int) -> float:
-    """What a selection layer spends choosing, per token (the cost model's scoring term): the attention policies'
-    observation window, the router's features and score, or the sink dot product."""
-    if ATTENTION in selection.rule.needs:
-        return attention_scoring_flops(arch, seq_len, selection.attention_window or ATTENTION_WINDOW)
-    return selection.rule.scoring_flops(arch.hidden)
 
 
 def check_sparsity(sparsity: float) -> None:
@@ -106,51 +94,38 @@ class Plan:
     attention: LocalAttention | None = None  # local plans only: the pattern their layers' prefill attends with
 
     def __post_init__(self) -> None:
-        if self.method not in METHODS:
-            raise UserError(f"unknown plan method {self.method!r}; choose one of {', '.join(METHODS)}")
-        if self.method == "local" and self.attention is None:
-            self.attention = LocalAttention()
-        elif self.method != "local" and self.attention is not None:
-            raise UserError(f"local attention belongs to local plans, not to a {self.method} plan")
-        if self.method == "hybrid":
-            self.actions = _check_actions(self.actions)
-            self.layers = sorted(self.actions)
-        elif self.actions is not None:
-            raise UserError(f"per-layer actions belong to hybrid plans, not to a {self.method} plan")
+        kind = get_kind(self.method)
+        for name in ("actions", "attention"):
+            if getattr(self, name) is not None and name not in kind.own_fields:
+                owner = next(k.name for k in KINDS.values() if name in k.own_fields)
+                what = "per-layer actions" if name == "actions" else "local attention"
+                raise UserError(f"{what} belong{'s' if name == 'attention' else ''} to {owner} plans, not to a "
+                                f"{self.method} plan")
+        kind.check(self)
         n = self.signature.get("num_layers")
         if n is not None:
             parse_layers(",".join(map(str, self.layers)), n)
         self.layers = sorted(set(self.layers))
-        if self.method in ("orthorank", "hybrid") and self.selection is None:
-            self.selection = SelectionConfig()
-        if self.method == "hybrid" and n is not None and len(self.removed_layers) >= n:
-            raise UserError("a plan cannot remove every layer")
         if self.selection is not None and self.selection.progressive:
             ratios = [c.ratio for c in self.selection_layers.values()]
             if any(b > a for a, b in zip(ratios, ratios[1:])):
                 raise UserError("a progressive plan keeps no more tokens in a layer than in the one before: its "
                                 f"ratios {[round(r, 4) for r in ratios]} rise with depth")
 
-    # -- hybrid plans: removed layers and selection layers with their own ratios ---------------------------------
+    @property
+    def kind(self) -> PlanKind:
+        """What the plan does to the model (method/kinds/): every kind-specific answer below comes from it."""
+        return get_kind(self.method)
 
     @property
     def removed_layers(self) -> list[int]:
         """Layers the plan removes (a prune plan's layers; a hybrid plan's "remove" actions)."""
-        if self.method == "prune":
-            return list(self.layers)
-        if self.method == "hybrid":
-            return sorted(i for i, a in self.actions.items() if a == REMOVE)
-        return []
+        return self.kind.removed_layers(self)
 
     @property
     def selection_layers(self) -> dict[int, SelectionConfig]:
         """Selection layers and the SelectionConfig each runs (per-layer ratio in hybrid plans)."""
-        if self.method == "orthorank":
-            return {i: self.selection for i in self.layers}
-        if self.method == "hybrid":
-            return {i: dataclasses.replace(self.selection, ratio=float(a))
-                    for i, a in sorted(self.actions.items()) if a != REMOVE}
-        return {}
+        return self.kind.selection_layers(self)
 
     @property
     def num_layers(self) -> int:
@@ -158,17 +133,12 @@ class Plan:
 
     @property
     def ratio(self) -> float:
-        return self.selection.ratio if self.method == "orthorank" else 1.0
+        return self.kind.ratio(self)
 
     @property
     def nominal_sparsity(self) -> float:
         """The paper's measure: (n / L) * (1 - r), or removed / L (hybrid: (removed + sum of (1 - r)) / L)."""
-        if self.method == "hybrid":
-            skipped = len(self.removed_layers) + sum(1.0 - c.ratio for c in self.selection_layers.values())
-            return skipped / self.num_layers
-        if self.method == "local":  # the paper's measure has no term for it: the compute share at the plan's length
-            return self.compute_sparsity(seq_len=int(self.provenance.get("cost_seq_len", DEFAULT_COST_SEQ_LEN))) or 0.0
-        return nominal_sparsity(self.num_layers, self.method, len(self.layers), self.ratio)
+        return self.kind.nominal_sparsity(self)
 
     # Old name of the nominal measure, kept for callers of the first plan format.
     effective_sparsity = nominal_sparsity
@@ -176,20 +146,7 @@ class Plan:
     def compute_sparsity(self, arch: Arch | None = None, seq_len: int = DEFAULT_COST_SEQ_LEN) -> float | None:
         """Share of the model's per-token FLOPs skipped at `seq_len` (None when the architecture is unknown)."""
         arch = arch or (Arch(**self.arch) if self.arch else None)
-        if arch is None:
-            return None
-        if self.method == "local":
-            return local_compute_sparsity(arch, seq_len, len(self.layers), mean_keys_read(seq_len, self.attention))
-        dense_choice = self.selection is not None and not self.selection.rule.speedup
-        if dense_choice and self.method == "orthorank":
-            return 0.0  # a policy that runs its layers densely to choose skips nothing there
-        scoring = selection_scoring_flops(self.selection, arch, seq_len) if self.selection is not None else None
-        pruned_keys = self.selection is not None and self.selection.progressive and not self.selection.bypass_kv
-        if self.method == "hybrid" or pruned_keys:  # removed layers still skip everything
-            return hybrid_compute_sparsity(arch, seq_len, len(self.removed_layers),
-                                           [1.0 if dense_choice else c.ratio for c in self.selection_layers.values()],
-                                           scoring=scoring, pruned_keys=pruned_keys)
-        return compute_sparsity(arch, seq_len, self.method, len(self.layers), self.ratio, scoring=scoring)
+        return None if arch is None else self.kind.compute_sparsity(self, arch, seq_len)
 
     def sparsity(self, arch: Arch | None = None, seq_len: int = DEFAULT_COST_SEQ_LEN,
                  measured: float | None = None) -> dict[str, Any]:
@@ -204,21 +161,13 @@ class Plan:
         return (self.provenance.get("measured") or {}).get("speedup")
 
     def label(self) -> str:
-        if self.method == "dense":
-            return "dense"
-        name = self.provenance.get("search", self.method)
-        if self.target_sparsity is None and self.provenance.get("target_speedup") is not None:
-            return f"{name}@{self.provenance['target_speedup']:g}x"
-        return f"{name}@{self.target_sparsity:g}" if self.target_sparsity is not None else name
+        return self.kind.label(self)
 
     def content_hash(self) -> str:
         """What the plan does (method, layers, selection, model), not where it came from: the result store's key."""
         body = {"method": self.method, "layers": self.layers, "model": self.model, "signature": self.signature,
                 "selection": self.selection.key_dict() if self.selection else None}
-        if self.actions is not None:  # only hybrid plans have the key: other plans' hashes stay as they were
-            body["actions"] = _actions_json(self.actions)
-        if self.attention is not None:  # likewise local plans
-            body["attention"] = self.attention.to_dict()
+        body.update(self.kind.extra_fields(self))  # only some kinds add keys: other plans' hashes stay as they were
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
 
     def to_dict(self) -> dict[str, Any]:
@@ -235,10 +184,7 @@ class Plan:
             "arch": self.arch,
             "provenance": self.provenance,
         }
-        if self.actions is not None:
-            out["actions"] = _actions_json(self.actions)
-        if self.attention is not None:
-            out["attention"] = self.attention.to_dict()
+        out.update(self.kind.extra_fields(self))
         return out
 
     def save(self, path: str | Path, overwrite: bool = False) -> Path:
@@ -290,25 +236,3 @@ class Plan:
                 f"this plan was made for model {self.model!r} {self.signature}, not for {name!r} {signature}"
             )
 
-
-def _check_actions(actions: Any) -> dict[int, str | float]:
-    """A hybrid plan's actions, checked: {layer: "remove" | ratio in (0, 1)}."""
-    if not isinstance(actions, dict) or not actions:
-        raise UserError("a hybrid plan needs per-layer actions: {layer: \"remove\" or a ratio in (0, 1)}")
-    out: dict[int, str | float] = {}
-    for k, a in actions.items():
-        try:
-            i = int(k)
-        except (TypeError, ValueError):
-            raise UserError(f"hybrid plan action for layer {k!r}: layer indices must be integers") from None
-        if a == REMOVE:
-            out[i] = REMOVE
-            continue
-        if isinstance(a, bool) or not isinstance(a, (int, float)) or not 0.0 < float(a) < 1.0:
-            raise UserError(f"hybrid plan action for layer {i} must be \"remove\" or a ratio in (0, 1), got {a!r}")
-        out[i] = float(a)
-    return dict(sorted(out.items()))
-
-
-def _actions_json(actions: dict[int, str | float]) -> dict[str, str | float]:
-    return {str(i): a for i, a in sorted(actions.items())}

@@ -1,0 +1,83 @@
+"""Plan kinds: what a plan does to a model, one module each (dense, prune, orthorank, hybrid, local).
+
+A kind says, in one place, which fields its plans carry and how they are checked, which layers it removes and which
+select tokens, what its plans skip (nominal and compute sparsity), and how a plan is applied. `Plan` (method/plan.py)
+holds the data and asks its kind; `apply_plan` asks the kind; nothing outside these modules tests a plan's kind by
+its name. Adding a kind is one module with a `@register` class, imported at the bottom of this file.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from orthorank.errors import UserError
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from orthorank.method.cost import Arch
+    from orthorank.method.plan import Plan
+    from orthorank.method.selection import SelectionConfig
+
+
+class PlanKind:
+    """The behaviour shared by every plan of one kind (stateless: one instance per kind)."""
+
+    name: ClassVar[str] = ""
+    # Plan fields that belong to this kind alone (a plan of another kind must leave them None)
+    own_fields: ClassVar[tuple[str, ...]] = ()
+    dense: ClassVar[bool] = False  # the unchanged model
+    selects: ClassVar[bool] = False  # some layers select tokens (a SelectionConfig applies)
+    removes: ClassVar[bool] = False  # some layers are removed
+
+    def check(self, plan: Plan) -> None:
+        """Fill defaults and refuse what this kind's plans cannot be (called once, when the plan is made)."""
+
+    def removed_layers(self, plan: Plan) -> list[int]:
+        return []
+
+    def selection_layers(self, plan: Plan) -> dict[int, SelectionConfig]:
+        return {}
+
+    def ratio(self, plan: Plan) -> float:
+        """The plan's one keep ratio (1.0 where no single ratio applies)."""
+        return 1.0
+
+    def nominal_sparsity(self, plan: Plan) -> float:
+        return 0.0
+
+    def compute_sparsity(self, plan: Plan, arch: Arch, seq_len: int) -> float:
+        return 0.0
+
+    def apply(self, model: nn.Module, plan: Plan) -> nn.Module:
+        raise NotImplementedError
+
+    def label(self, plan: Plan) -> str:
+        name = plan.provenance.get("search", plan.method)
+        if plan.target_sparsity is None and plan.provenance.get("target_speedup") is not None:
+            return f"{name}@{plan.provenance['target_speedup']:g}x"
+        return f"{name}@{plan.target_sparsity:g}" if plan.target_sparsity is not None else name
+
+    def extra_fields(self, plan: Plan) -> dict[str, Any]:
+        """Fields only this kind's plans write (to the plan file and its content hash): none by default, so the
+        hashes of the first kinds' plans stay as they were."""
+        return {}
+
+
+KINDS: dict[str, PlanKind] = {}
+
+
+def register(cls: type[PlanKind]) -> type[PlanKind]:
+    KINDS[cls.name] = cls()
+    return cls
+
+
+def get_kind(name: str) -> PlanKind:
+    try:
+        return KINDS[name]
+    except KeyError:
+        raise UserError(f"unknown plan method {name!r}; choose one of {', '.join(KINDS)}") from None
+
+
+# The kinds, in the order the plan format lists them; each registers itself.
+from orthorank.method.kinds import dense, orthorank, prune, hybrid, local  # noqa: E402,F401

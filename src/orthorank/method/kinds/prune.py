@@ -1,0 +1,25 @@
+"""Layer removal (SLEB, Shortened LLaMA, ShortGPT): the plan's layers leave the model."""
+
+from __future__ import annotations
+
+from orthorank.method.apply import prune_layers
+from orthorank.method.cost import compute_sparsity
+from orthorank.method.kinds import PlanKind, register
+
+
+@register
+class Prune(PlanKind):
+    name = "prune"
+    removes = True
+
+    def removed_layers(self, plan) -> list[int]:
+        return list(plan.layers)
+
+    def nominal_sparsity(self, plan) -> float:
+        return len(plan.layers) / plan.num_layers
+
+    def compute_sparsity(self, plan, arch, seq_len) -> float:
+        return compute_sparsity(arch, seq_len, "prune", len(plan.layers))
+
+    def apply(self, model, plan):
+        return prune_layers(model, plan.layers)
