@@ -46,20 +46,37 @@ def _named_kind(node: ast.AST) -> bool:
         isinstance(node, ast.Name) and node.id in KIND_NAMES)
 
 
-def _literal_names(node: ast.AST) -> bool:
+def _literal_names(node: ast.AST, names: set[str]) -> bool:
     if isinstance(node, ast.Constant):
-        return isinstance(node.value, str)
-    return isinstance(node, (ast.Tuple, ast.List, ast.Set)) and bool(node.elts) and all(
-        isinstance(e, ast.Constant) and isinstance(e.value, str) for e in node.elts)
+        return node.value in names
+    return isinstance(node, (ast.Tuple, ast.List, ast.Set)) and any(
+        isinstance(e, ast.Constant) and e.value in names for e in node.elts)
 
 
-def kind_string_tests(tree: ast.AST) -> list[int]:
+def method_names(root: Path) -> set[str]:
+    """The names of plan kinds and methods: each kind module's `name = "..."` and each registry entry's
+    `Method("...", ...)` (read from the source, so that another checkout is measured by its own names)."""
+    names = set()
+    for path in [*sorted((root / "method" / "kinds").glob("*.py")), root / "method" / "registry.py"]:
+        if not path.is_file():
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["name"] \
+                    and isinstance(node.value, ast.Constant):
+                names.add(node.value.value)
+            elif isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Method" and node.args \
+                    and isinstance(node.args[0], ast.Constant):
+                names.add(node.args[0].value)
+    return names or {"dense", "orthorank", "prune", "hybrid", "local"}
+
+
+def kind_string_tests(tree: ast.AST, names: set[str]) -> list[int]:
     """Lines that compare a plan's kind or method to names written out (==, !=, in, not in)."""
     lines = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Compare):
             sides = [node.left, *node.comparators]
-            if any(_named_kind(a) for a in sides) and any(_literal_names(b) for b in sides):
+            if any(_named_kind(a) for a in sides) and any(_literal_names(b, names) for b in sides):
                 lines.append(node.lineno)
     return lines
 
@@ -124,6 +141,7 @@ def measure(root: Path = ROOT) -> dict:
     arrows: dict[tuple[str, str], int] = defaultdict(int)
     statements = inside = 0
     long_functions, long_files, kind_tests = [], [], []
+    known = method_names(root)
     for path in sorted(root.rglob("*.py")):
         rel = path.relative_to(root.parent).with_suffix("").parts
         module = ".".join(rel[:-1] if rel[-1] == "__init__" else rel)
@@ -134,7 +152,7 @@ def measure(root: Path = ROOT) -> dict:
         if lines > LONG_FILE:
             long_files.append({"file": where, "lines": lines})
         if not where.startswith(KIND_HOME):
-            kind_tests += [f"{where}:{n}" for n in kind_string_tests(tree)]
+            kind_tests += [f"{where}:{n}" for n in kind_string_tests(tree, known)]
         visitor = _Imports(module, path.name == "__init__.py")
         visitor.visit(tree)
         for names, in_function in visitor.found:

@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     f_kv = kv_fraction(model.config)
     head = decode_head_share(model)
     # keep-none: every selection layer costs its K/V alone, a selection layer at keep ratio 0
-    ideal_none = 1 / with_fixed_share(ideal_speedup("orthorank", n, len(layers), f_kv, 0.0), head)
+    ideal_none = 1 / with_fixed_share(ideal_speedup(n, 0, len(layers), f_kv, 0.0), head)
     ideal = {"dense": 1.0, "keep-all": 1.0, "keep-none": ideal_none}
     rows = []
     for s in SETUPS:

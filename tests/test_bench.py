@@ -60,13 +60,16 @@ def test_ideal_speedup():
     f2, f3 = kv_fraction(shape_config("llama2-7b")), kv_fraction(shape_config("llama3-8b"))
     assert selective_layer_cost(f2, 0.33) == pytest.approx(0.441, abs=1e-3)
     # The issue's numbers: 10 of 32 layers at ratio 0.33 -> 1.21x (Llama-2-7B), 1.25x (Llama-3-8B); 7 removed -> 1.28x
-    assert ideal_speedup("orthorank", 32, 10, f2, 0.33) == pytest.approx(1.2116, abs=1e-3)
-    assert ideal_speedup("orthorank", 32, 10, f3, 0.33) == pytest.approx(1.2521, abs=1e-3)
-    assert ideal_speedup("prune", 32, 7) == pytest.approx(32 / 25)
-    assert ideal_speedup("dense", 32, 0) == 1.0
-    assert ideal_speedup("orthorank", 32, 10, f2, 1.0) == pytest.approx(1.0)
-    assert ideal_speedup("orthorank", 32, 10, f2, 0.33, mode="decode") == 1.0  # every new token is updated
-    assert ideal_speedup("orthorank", 32, 10, f2, 0.33, mode="decode", decode="threshold") is None
+    assert ideal_speedup(32, 0, 10, f2, 0.33) == pytest.approx(1.2116, abs=1e-3)
+    assert ideal_speedup(32, 0, 10, f3, 0.33) == pytest.approx(1.2521, abs=1e-3)
+    assert ideal_speedup(32, 7) == pytest.approx(32 / 25)
+    assert ideal_speedup(32) == 1.0
+    # a hybrid: removals shrink the model, selection layers then save their share of the kept layers
+    assert ideal_speedup(32, 4, 10, f2, 0.33) == pytest.approx(32 / 28 * ideal_speedup(28, 0, 10, f2, 0.33))
+    assert ideal_speedup(32, 32) is None
+    assert ideal_speedup(32, 0, 10, f2, 1.0) == pytest.approx(1.0)
+    assert ideal_speedup(32, 0, 10, f2, 0.33, mode="decode") == 1.0  # every new token is updated
+    assert ideal_speedup(32, 0, 10, f2, 0.33, mode="decode", decode="threshold") is None
 
 
 def test_spread_layers():
@@ -427,13 +430,13 @@ def test_spread_hybrid_for_speed_measurements(tmp_path):
     """spread-hybrid (random shapes, no calibration): half of removal's layers removed, selection layers making up
     the other half's compute; timed beside dense, removal and OrthoRank, with its ideal speed-up."""
     from orthorank.bench.runner import spread_hybrid_layers
-    from orthorank.method.cost import Arch, compute_sparsity, hybrid_compute_sparsity
+    from orthorank.method.cost import Arch, removal_sparsity, hybrid_compute_sparsity
 
     cfg = shape_config("llama2-7b")
     arch = Arch.from_config(cfg, 32)
     removed, sel = spread_hybrid_layers(0.2, 32, 0.33, arch, 2048)
     assert len(removed) == 3 and not set(removed) & set(sel) and sel
-    target = compute_sparsity(arch, 2048, "prune", 7)
+    target = removal_sparsity(arch, 2048, 7)
     assert hybrid_compute_sparsity(arch, 2048, 3, [0.33] * len(sel)) >= target
     assert hybrid_compute_sparsity(arch, 2048, 3, [0.33] * (len(sel) - 1)) < target
     data = _bench(tmp_path, "--mode", "prefill", "--methods", "dense,spread-prune,spread-hybrid", "--num-layers", "8")

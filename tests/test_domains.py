@@ -19,7 +19,7 @@ from orthorank.evaluation.data import DOMAINS, load_calibration_part, load_eval_
 from orthorank.evaluation.overlap import MAX_SHARED, shared_share
 from orthorank.evaluation.perplexity import make_windows
 from orthorank.evaluation.stats import paired_perplexity_ratio, worst_ratio
-from orthorank.method.cost import Arch, compute_sparsity, ratio_to_match
+from orthorank.method.cost import Arch, removal_sparsity, selection_sparsity, ratio_to_match
 from orthorank.method.plan import layers_for_sparsity
 
 
@@ -113,14 +113,14 @@ def test_mix_is_equal_interleaved_and_reproducible_from_its_seed(tokenizer):
 @pytest.mark.parametrize("seq_len", [512, 2048])
 def test_exact_compute_matching_within_half_a_percent(arch, sparsity, seq_len):
     removed = layers_for_sparsity(sparsity, arch.num_layers, "prune")
-    target = compute_sparsity(arch, seq_len, "prune", removed)
+    target = removal_sparsity(arch, seq_len, removed)
     try:
         n = layers_for_sparsity(sparsity, arch.num_layers, "orthorank", 0.33, match="compute", arch=arch,
                                 seq_len=seq_len)
     except UserError:
         pytest.skip("this sparsity needs more selection layers than the model has")
     r = ratio_to_match(arch, seq_len, target, n, 0.33)
-    got = compute_sparsity(arch, seq_len, "orthorank", n, r)
+    got = selection_sparsity(arch, seq_len, n, r)
     assert r >= 0.33 and abs(got - target) / target <= 0.005, (n, r, got, target)
 
 

@@ -13,8 +13,9 @@ from orthorank.errors import UserError
 from orthorank.evaluation.stats import (
     accuracy_interval, mean_stderr, paired_difference, paired_perplexity_ratio, perplexity_interval,
 )
-from orthorank.method.cost import Arch, compute_sparsity, layer_flops, nominal_sparsity, selection_layers_to_match
-from orthorank.method.plan import layers_for_sparsity
+from orthorank.method.cost import Arch, removal_sparsity, selection_sparsity, layer_flops, selection_layers_to_match
+from orthorank.method.plan import Plan, layers_for_sparsity
+from orthorank.method.selection import SelectionConfig
 from orthorank.store import ResultStore, StoreError, fill
 
 SMOLLM2 = Arch(num_layers=30, hidden=576, heads=9, kv_heads=3, head_dim=64, ffn=1536, vocab=49152)
@@ -87,24 +88,25 @@ def test_kv_share_and_layer_flops():
 
 
 def test_sparsity_measures():
-    assert nominal_sparsity(30, "orthorank", 9, 0.33) == pytest.approx(0.201)
-    assert nominal_sparsity(30, "prune", 6) == pytest.approx(0.2)
+    assert Plan("orthorank", list(range(1, 10)), "m", {"num_layers": 30},
+                selection=SelectionConfig(ratio=0.33)).nominal_sparsity == pytest.approx(0.201)
+    assert Plan("prune", list(range(1, 7)), "m", {"num_layers": 30}).nominal_sparsity == pytest.approx(0.2)
     head = 2 * 576 * 49152
     dense = 30 * layer_flops(SMOLLM2, 2048).dense + head + 4 * 576
-    assert compute_sparsity(SMOLLM2, 2048, "prune", 6) == pytest.approx(6 * layer_flops(SMOLLM2, 2048).dense / dense)
+    assert removal_sparsity(SMOLLM2, 2048, 6) == pytest.approx(6 * layer_flops(SMOLLM2, 2048).dense / dense)
     # a selection layer at ratio 1 skips nothing and pays the scoring
-    assert compute_sparsity(SMOLLM2, 2048, "orthorank", 5, 1.0) < 0
+    assert selection_sparsity(SMOLLM2, 2048, 5, 1.0) < 0
     # bypassed tokens still pay K/V: 9 selection layers skip less than 6 removed layers (the 0.192 vs 0.2
     # counts decoder layers only; here the LM head is in the denominator too)
-    assert compute_sparsity(SMOLLM2, 2048, "orthorank", 9, 0.33) < compute_sparsity(SMOLLM2, 2048, "prune", 6)
+    assert selection_sparsity(SMOLLM2, 2048, 9, 0.33) < removal_sparsity(SMOLLM2, 2048, 6)
 
 
 def test_compute_matched_layer_counts():
     assert layers_for_sparsity(0.2, 30, "orthorank", 0.33, match="nominal") == 9
     n = layers_for_sparsity(0.2, 30, "orthorank", 0.33, match="compute", arch=SMOLLM2, seq_len=2048)
-    target = compute_sparsity(SMOLLM2, 2048, "prune", 6)
-    assert compute_sparsity(SMOLLM2, 2048, "orthorank", n, 0.33) >= target
-    assert compute_sparsity(SMOLLM2, 2048, "orthorank", n - 1, 0.33) < target
+    target = removal_sparsity(SMOLLM2, 2048, 6)
+    assert selection_sparsity(SMOLLM2, 2048, n, 0.33) >= target
+    assert selection_sparsity(SMOLLM2, 2048, n - 1, 0.33) < target
     assert n == 10
     assert layers_for_sparsity(0.1, 30, "orthorank", 0.33, match="compute", arch=SMOLLM2) == 5
     assert selection_layers_to_match(SMOLLM2, 2048, 0.0, 0.33) == 0

@@ -17,7 +17,7 @@ from orthorank.search.layer_search import StackRunner
 from orthorank.errors import UserError
 from orthorank.method import Plan, SelectionConfig, apply_orthorank, apply_plan, prune_layers, restore_dense
 from orthorank.method.apply import selective
-from orthorank.method.cost import Arch, compute_sparsity
+from orthorank.method.cost import Arch, removal_sparsity, selection_sparsity
 
 SIG = {"model_type": "llama", "num_layers": 6, "hidden_size": 64, "vocab_size": 128}
 
@@ -83,13 +83,13 @@ def test_hybrid_plan_sparsity_measures():
     arch = Arch(num_layers=6, hidden=64, heads=4, kv_heads=2, head_dim=16, ffn=128, vocab=128)
     only_removal = hybrid({2: "remove", 3: "remove"})
     assert only_removal.nominal_sparsity == pytest.approx(2 / 6)
-    assert only_removal.compute_sparsity(arch, 64) == pytest.approx(compute_sparsity(arch, 64, "prune", 2))
+    assert only_removal.compute_sparsity(arch, 64) == pytest.approx(removal_sparsity(arch, 64, 2))
     only_sel = hybrid({2: 0.33, 3: 0.33})
-    assert only_sel.compute_sparsity(arch, 64) == pytest.approx(compute_sparsity(arch, 64, "orthorank", 2, 0.33))
+    assert only_sel.compute_sparsity(arch, 64) == pytest.approx(selection_sparsity(arch, 64, 2, 0.33))
     assert only_sel.nominal_sparsity == pytest.approx(2 / 6 * 0.67)
     mixed = hybrid({1: "remove", 2: 0.5})
     assert mixed.nominal_sparsity == pytest.approx((1 + 0.5) / 6)
-    assert 0 < mixed.compute_sparsity(arch, 64) < compute_sparsity(arch, 64, "prune", 2)
+    assert 0 < mixed.compute_sparsity(arch, 64) < removal_sparsity(arch, 64, 2)
 
 
 @pytest.mark.parametrize("actions, fragment", [
@@ -652,7 +652,7 @@ def test_calibrate_orthorank_ratios_cli(tiny_hf_folder, tmp_path, capsys):
     for s in (0.2, 0.25):
         plan = Plan.load(tmp_path / "plans" / f"orthorank-ratios-{s:g}.json")
         arch = Arch(**plan.arch)
-        target = compute_sparsity(arch, 512, "prune", math.ceil(s * 4 - 1e-9))
+        target = removal_sparsity(arch, 512, math.ceil(s * 4 - 1e-9))
         got = plan.sparsity(arch, 512)["compute"]
         assert plan.method == "hybrid" and not plan.removed_layers and plan.selection.policy == "norm"
         assert abs(got - target) <= 0.005 * target, (got, target)  # within 0.5% of pruning's compute

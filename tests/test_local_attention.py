@@ -15,7 +15,7 @@ from conftest import tiny_model
 from test_long_prompt import _signature, ids_for as _ids
 from orthorank.errors import UserError
 from orthorank.method.apply import apply_plan, restore_dense
-from orthorank.method.cost import Arch, compute_sparsity
+from orthorank.method.cost import Arch, removal_sparsity
 from orthorank.method.local_attention import LocalAttention, keys_read, local_allowed, local_attention
 from orthorank.method.plan import Plan
 from orthorank.method.schedules import schedule_plan
@@ -160,7 +160,7 @@ def test_the_local_schedule_fills_full_attention_layers_from_the_top_for_the_tar
     arch = Arch.from_config(m.config, 6)
     types = m.config.layer_types
     full = [i for i, t in enumerate(types) if t == "full_attention"]
-    target = compute_sparsity(arch, 4096, "prune", 1) / 4
+    target = removal_sparsity(arch, 4096, 1) / 4
     plan = schedule_plan("local", "tiny", _signature(m), arch, target, 4096, layer_types=types)
     assert plan.method == "local" and set(plan.layers) <= set(full) and plan.layers == full[-len(plan.layers):]
     assert plan.compute_sparsity(arch, 4096) >= target

@@ -16,7 +16,7 @@ from orthorank.evaluation import frontier
 from orthorank.method import SelectionConfig, apply_orthorank
 from orthorank.method import attention
 from orthorank.method.apply import apply_plan, restore_dense, selective
-from orthorank.method.cost import Arch, compute_sparsity, head_flops, layer_flops, prefill_sparsity
+from orthorank.method.cost import Arch, removal_sparsity, head_flops, layer_flops, prefill_sparsity
 from orthorank.method.layer import SelectiveLayer
 from orthorank.method.plan import Plan
 from orthorank.method.policies import parse_variant
@@ -142,7 +142,7 @@ def test_prefill_share_prices_the_head_once_per_prompt(vocab):
     6 / (30 + head / (n * layer)) of the prefill, more than the per-token share and at most 6 / 30."""
     arch = Arch(num_layers=30, hidden=576, heads=9, kv_heads=3, head_dim=64, ffn=1536, vocab=vocab)
     n = 4096
-    per_token = compute_sparsity(arch, n, "prune", 6)
+    per_token = removal_sparsity(arch, n, 6)
     layer = layer_flops(arch, n).dense
     expected = 6 * layer / (30 * layer + head_flops(arch) / n)
     assert prefill_sparsity(arch, n, per_token) == pytest.approx(expected, rel=1e-9)
@@ -154,7 +154,7 @@ def test_prefill_share_prices_the_head_once_per_prompt(vocab):
 @pytest.mark.parametrize("seq_len", [512, 8192])
 def test_schedules_skip_the_target_compute_and_keep_early_layers_dense(kind, seq_len):
     arch = Arch(num_layers=30, hidden=576, heads=9, kv_heads=3, head_dim=64, ffn=1536, vocab=49152)
-    target = compute_sparsity(arch, seq_len, "prune", 6)
+    target = removal_sparsity(arch, seq_len, 6)
     plan = schedule_plan(kind, "m", {"num_layers": 30}, arch, target, seq_len)
     assert abs(plan.compute_sparsity(arch, seq_len) - target) < 2e-3
     assert min(plan.layers) >= 7 and not plan.removed_layers
@@ -417,7 +417,7 @@ def test_a_preset_builds_its_plan_for_the_prompt_length_with_its_tail(tmp_path, 
     preset = Preset("long-prompt", "depth", 0.1, 16)
     plan = preset_plan(preset, "m", {"num_layers": 30}, arch, 4096)
     assert plan.selection.keep_recent == 16 and plan.provenance["preset"] == "long-prompt"
-    assert abs(plan.compute_sparsity(arch, 4096) - compute_sparsity(arch, 4096, "prune", 3)) < 2e-3
+    assert abs(plan.compute_sparsity(arch, 4096) - removal_sparsity(arch, 4096, 3)) < 2e-3
     monkeypatch.setattr(presets, "PRESET_DIR", tmp_path)
     (tmp_path / "long-prompt.json").write_text(json.dumps(Preset("long-prompt", "progressive", 0.2).to_dict()))
     code, out, err = run_cli(capsys, "generate", "--model", str(tiny_hf_folder), "--preset", "long-prompt",

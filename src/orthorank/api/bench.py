@@ -88,12 +88,13 @@ def with_policy_variants(specs: list, text: str) -> list:
     named "<method> [<variant>]"; a variant that changes only the decode policy is marked decode_only (it would
     time the same prefill twice)."""
     variants = parse_variants(text)
-    if not any(s.kind == "orthorank" for s in specs):
+    varied = [s.kind.selects and not s.kind.per_layer for s in specs]  # one keep ratio the variants can share
+    if not any(varied):
         raise UserError("--policies varies OrthoRank rows: add orthorank (or spread-orthorank) to --methods")
     out = []
-    for s in specs:
+    for s, vary in zip(specs, varied):
         out.append(s)
-        if s.kind == "orthorank":
+        if vary:
             out += [dataclasses.replace(s, name=f"{s.name} [{v}]", decode_only=set(parse_variant(v)) == {"decode"},
                                         selection=dataclasses.replace(s.selection, **parse_variant(v)))
                     for v in variants]
@@ -157,9 +158,9 @@ def run(opts: BenchOptions) -> int:
         check_memory(lm, max(opts.batch), max(opts.seq_len), "bench", all_logits=False)  # the last position's
     for path, plan in plans:
         plan.check_model(lm.name, lm.signature())
-        if plan.method == "dense":
+        if plan.kind.dense:
             raise UserError(f"plan file {path} is a dense plan; nothing to override")
-        if not any(get_method(m).plan_kind == plan.method for m in opts.methods):
+        if not any(get_method(m).kind is plan.kind for m in opts.methods):
             raise UserError(f"plan file {path} is a {plan.method} plan, but --methods lists no {plan.method} method "
                             "for it to override")
     selection = selection_from_options(opts)

@@ -22,7 +22,7 @@ from orthorank.api.common import check_memory, load_model_from_options, selectio
 from orthorank.api.options import CalibrateOptions
 from orthorank.errors import UserError
 from orthorank.method.apply import restore_dense
-from orthorank.method.cost import Arch, compute_sparsity, ratio_to_match
+from orthorank.method.cost import Arch, removal_sparsity, selection_sparsity, ratio_to_match
 from orthorank.method.plan import Plan, layers_for_sparsity
 from orthorank.method.plan_store import plan_file_method, sparsity_label
 from orthorank.method.registry import METHODS
@@ -53,9 +53,9 @@ def run(opts: CalibrateOptions) -> int:
     if opts.json_out and len(sparsities) > 1:
         raise UserError("--json takes one sparsity; use --out DIR for several")
     selection = selection_from_options(opts, router_base(opts))
-    if search.plan_method == "orthorank" and selection.ratio >= 1.0:
+    if search.kind.one_selection and selection.ratio >= 1.0:
         raise UserError("ratio 1.0 skips no work; choose a ratio below 1")
-    rules = opts.match if search.plan_method == "orthorank" else ["compute"]
+    rules = opts.match if search.kind.one_selection else ["compute"]
     if "speed" in rules and opts.measure_speed < 3:
         raise UserError("--match speed times the plans: give --measure-speed N with N >= 3")
     if opts.measure_speed < 0:
@@ -108,12 +108,12 @@ def run(opts: CalibrateOptions) -> int:
     plans = []
     for (rule, s), n in zip(jobs, counts):
         sel, matched = selection, None
-        if search.plan_method == "orthorank" and rule == "compute":
-            target = compute_sparsity(arch, opts.cost_seq_len, "prune", layers_for_sparsity(s, L, "prune"))
+        if search.kind.one_selection and rule == "compute":
+            target = removal_sparsity(arch, opts.cost_seq_len, layers_for_sparsity(s, L, "prune"))
             scoring = selection.rule.scoring_flops(arch.hidden)  # a router's FLOPs count
             ratio = ratio_to_match(arch, opts.cost_seq_len, target, n, selection.ratio, scoring=scoring)
             sel = dataclasses.replace(selection, ratio=ratio)
-            got = compute_sparsity(arch, opts.cost_seq_len, "orthorank", n, ratio, scoring=scoring)
+            got = selection_sparsity(arch, opts.cost_seq_len, n, ratio, scoring=scoring)
             matched = {"rule": "equal compute", "knob": "one keep ratio for every selection layer, raised from "
                        f"{selection.ratio:g} until the plan skips pruning's compute share",
                        "base_ratio": selection.ratio, "ratio": ratio, "target_compute": round(target, 6),
@@ -123,13 +123,13 @@ def run(opts: CalibrateOptions) -> int:
             layers=result.order[:n],
             model=lm.name,
             signature=lm.signature(),
-            selection=sel if search.plan_method == "orthorank" else None,
+            selection=sel if search.kind.one_selection else None,
             target_sparsity=s,
             arch=dict(arch.__dict__),
             provenance={
                 "search": opts.method,
                 "reference": search.reference,
-                "match": rule if search.plan_method == "orthorank" else "removed ceil(s L)",
+                "match": rule if search.kind.one_selection else "removed ceil(s L)",
                 **({"matched": matched} if matched else {}),
                 "cost_seq_len": opts.cost_seq_len,
                 "order": result.order[:n],
@@ -153,7 +153,7 @@ def run(opts: CalibrateOptions) -> int:
         m = plan.sparsity(seq_len=opts.cost_seq_len)
         measured = plan.provenance.get("measured", {}).get("speedup")
         print(f"  sparsity {s:g} ({rule}): {n} layers {sorted(plan.layers)}"
-              + (f" at ratio {plan.selection.ratio:.4f}" if plan.method == "orthorank" else "")
+              + (f" at ratio {plan.selection.ratio:.4f}" if plan.kind.one_selection else "")
               + f" -> nominal {m['nominal']:.4f}, compute {m['compute']:.4f} at {opts.cost_seq_len} tokens"
               + (f", measured prefill speed-up {measured:.3f}x" if measured else "") + f"; wrote {path}")
     return 0

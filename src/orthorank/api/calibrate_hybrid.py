@@ -27,6 +27,7 @@ from orthorank.method.apply import restore_dense
 from orthorank.method.cost import Arch
 from orthorank.method.plan import REMOVE, Plan
 from orthorank.method.plan_store import sparsity_label
+from orthorank.method.registry import METHODS
 from orthorank.models.loading import check_context
 from orthorank.results import check_writable
 from orthorank.runtime.cost_table import CostTable, FlopCostTable, device_description, parse_ratios
@@ -87,7 +88,7 @@ DEFAULT_LAYER_RATIOS = (0.25, 0.33, 0.5)
 def run_hybrid(opts: CalibrateOptions) -> int:
     """`--method hybrid` (a measured cost table, removals allowed) and `--method orthorank-ratios` (the FLOP cost
     model, no removals, the last move's ratio set so that the compute equals pruning's exactly)."""
-    ratios_mode = opts.method == "orthorank-ratios"
+    ratios_mode = not get_search(METHODS[opts.method].search).removals  # orthorank-ratios: keep ratios only
     if ratios_mode:
         if opts.cost_table is not None or opts.target_speedup is not None:
             raise UserError("--method orthorank-ratios matches pruning's compute (the FLOP count); it takes "

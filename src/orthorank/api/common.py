@@ -12,7 +12,8 @@ from orthorank.errors import UserError
 from orthorank.method.plan import Plan, parse_layers
 from orthorank.method.plan_store import find_plan, sparsity_label
 from orthorank.method.policies import parse_variant, parse_variants
-from orthorank.method.registry import saved
+from orthorank.method.kinds import get_kind, layer_list_kinds
+from orthorank.method.registry import is_reference, saved
 from orthorank.method.selection import SelectionConfig
 from orthorank.models.catalog import SHIPPED, package_gguf, shipped_by_package
 from orthorank.models.loading import SHAPES, LoadedModel, gguf_model_name, load_model, package_model_name
@@ -88,9 +89,9 @@ def _saved_plan(opts: Options, lm: LoadedModel, path) -> Plan:
     plan.check_model(lm.name, lm.signature())
     overrides = (opts.ratio, opts.criterion, opts.source, opts.policy, opts.decode, opts.keep_recent,
                  opts.keep_first)
-    if plan.method == "hybrid" and opts.ratio is not None:
-        raise UserError("a hybrid plan sets each selection layer's ratio; --ratio does not apply to it")
-    if plan.method in ("orthorank", "hybrid") and (any(v is not None for v in overrides) or opts.no_bypass_kv):
+    if plan.kind.per_layer and opts.ratio is not None:
+        raise UserError(f"a {plan.method} plan sets each selection layer's ratio; --ratio does not apply to it")
+    if plan.kind.selects and (any(v is not None for v in overrides) or opts.no_bypass_kv):
         plan.selection = selection_from_options(opts, plan.selection)
     return plan
 
@@ -99,14 +100,14 @@ def plan_from_options(opts: Options, lm: LoadedModel) -> Plan:
     """A plan from --plan FILE, or from --method/--layers/--ratio."""
     if opts.plan:
         return _saved_plan(opts, lm, opts.plan)
-    if opts.method == "dense":
+    if is_reference(opts.method):
         if opts.layers:
-            raise UserError("--layers needs --method orthorank or prune")
-        return Plan("dense", [], lm.name, lm.signature())
+            raise UserError(f"--layers needs --method {' or '.join(layer_list_kinds())}")
+        return Plan(opts.method, [], lm.name, lm.signature())
     if not opts.layers:
         raise UserError(f"--method {opts.method} needs --layers or --plan")
     layers = parse_layers(opts.layers, lm.num_layers)
-    selection = selection_from_options(opts) if opts.method == "orthorank" else None
+    selection = selection_from_options(opts) if get_kind(opts.method).selects else None
     return Plan(opts.method, layers, lm.name, lm.signature(), selection=selection)
 
 
@@ -153,9 +154,9 @@ def saved_plan_path(opts: Options) -> Path | None:
         raise UserError("give either --plan or --method with --sparsity, not both")
     if opts.layers:
         raise UserError("--sparsity picks a saved plan; it does not combine with --layers")
-    if opts.method == "dense":
-        raise UserError("--method dense takes no --sparsity")
-    if opts.method == "prune":
+    if is_reference(opts.method):
+        raise UserError(f"--method {opts.method} takes no --sparsity")
+    if opts.method not in saved():
         raise UserError("with --sparsity, name the searched method: " + ", ".join(saved()))
     return saved_plan_file(expected_model_name(opts.model), opts.method, opts.sparsity,
                            getattr(opts, "plans_dir", None))
@@ -163,9 +164,9 @@ def saved_plan_path(opts: Options) -> Path | None:
 
 def check_plan_options(opts: Options) -> None:
     """Plan options that cannot work, found before the model is loaded."""
-    if opts.sparsity is None and opts.method != "dense" and not opts.plan and not (
-            opts.layers and opts.method in ("orthorank", "prune")):
-        extra = " or --layers" if opts.method in ("orthorank", "prune") else ""
+    by_layers = opts.method in layer_list_kinds()
+    if opts.sparsity is None and not is_reference(opts.method) and not opts.plan and not (opts.layers and by_layers):
+        extra = " or --layers" if by_layers else ""
         raise UserError(f"--method {opts.method} needs --sparsity S (a saved plan), --plan FILE{extra}")
 
 

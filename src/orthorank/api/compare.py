@@ -43,7 +43,7 @@ from orthorank.method.cost import Arch
 from orthorank.method.plan import Plan
 from orthorank.method.plan_store import plan_file_method
 from orthorank.method.policies import parse_variants
-from orthorank.method.registry import METHODS as _REGISTRY
+from orthorank.method.registry import METHODS as _REGISTRY, is_reference
 from orthorank.models.loading import check_context
 from orthorank.presentation.compare_tables import (
     comparison_table,
@@ -94,7 +94,7 @@ def calibration_overlap(tokenizer, rows: list[Row], windows: dict, data_dir,
     built: dict[str, object] = {}
     shares = []  # (row, calibration, dataset, share per window)
     for row in rows:
-        cal = row.plan.provenance.get("calibration") if row.plan.method != "dense" else None
+        cal = row.plan.provenance.get("calibration") if not row.plan.kind.dense else None
         if not cal or "data" not in cal:
             continue
         key = json.dumps({k: cal.get(k) for k in ("data", "samples", "seq_len", "seed")}, sort_keys=True)
@@ -282,7 +282,7 @@ def run(opts: CompareOptions) -> int:
         first = next(iter(windows.values()))[0] if windows else None
         if first is None:
             raise UserError("--measure-speed needs a perplexity dataset to time")
-        measure_speedups(lm.model, [r for r in rows if r.method != "dense"], first, opts.measure_speed)
+        measure_speedups(lm.model, [r for r in rows if not is_reference(r.method)], first, opts.measure_speed)
         say(f"measured prefill speed-ups of 1 x {opts.seq_len} tokens (median of {opts.measure_speed} interleaved "
             "repeats): " + ", ".join(f"{r.method}@{r.level:g} {r.measured_speedup:.3f}x" for r in rows
                                      if r.measured_speedup is not None))

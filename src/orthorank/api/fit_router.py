@@ -13,7 +13,7 @@ from orthorank.api.calibration_options import check_calibration_source
 from orthorank.api.common import check_memory, load_model_from_options, store_from_options
 from orthorank.api.options import FitRouterOptions
 from orthorank.errors import UserError, comma_items, number_list
-from orthorank.method.cost import Arch, closest_count, compute_sparsity, hybrid_compute_sparsity
+from orthorank.method.cost import Arch, closest_count, selection_sparsity, hybrid_compute_sparsity
 from orthorank.method.plan import DEFAULT_COST_SEQ_LEN, REMOVE, Plan, parse_layers
 from orthorank.method.policies import get_policy
 from orthorank.method.selection import keep_count
@@ -31,11 +31,11 @@ def rematch(plan: Plan, scoring: float, target: float | None = None, seq_len: in
     arch = Arch(**plan.arch)
     seq_len = seq_len or int(plan.provenance.get("cost_seq_len", DEFAULT_COST_SEQ_LEN))
     target = plan.compute_sparsity(arch, seq_len) if target is None else target
-    if plan.method == "orthorank":
+    if plan.kind.one_selection:
         n = len(plan.layers)
 
         def skipped(k: int) -> float:
-            return compute_sparsity(arch, seq_len, "orthorank", n, k / seq_len, scoring=scoring)
+            return selection_sparsity(arch, seq_len, n, k / seq_len, scoring=scoring)
 
         ratio = closest_count(skipped, 1, seq_len, target) / seq_len
         return dataclasses.replace(plan, selection=dataclasses.replace(plan.selection, ratio=ratio))
@@ -87,7 +87,7 @@ def run(opts: FitRouterOptions) -> int:
         raise UserError(f"cannot write {out}: {out.parent} is not a folder")
     plan = Plan.load(opts.plan)
     source_hash = plan.content_hash()  # before any re-matching: the plan the router was fitted for
-    if plan.method not in ("orthorank", "hybrid"):
+    if not plan.kind.selects:
         raise UserError(f"{opts.plan} is a {plan.method} plan: it selects tokens in no layer, so there is no router "
                         "to fit")
     settings = _fit_settings(opts)

@@ -44,11 +44,11 @@ from orthorank.evaluation.noninferiority import RULE, decide
 from orthorank.evaluation.overlap import MAX_SHARED
 from orthorank.evaluation.stats import paired_time_ratio
 from orthorank.method.apply import apply_plan, restore_dense
-from orthorank.method.cost import Arch, compute_sparsity, prefill_sparsity
+from orthorank.method.cost import Arch, removal_sparsity, prefill_sparsity
 from orthorank.method.plan import Plan
 from orthorank.method.policies import parse_variants
 from orthorank.method.presets import Preset, load_preset, preset_plan
-from orthorank.method.registry import get_method, saved
+from orthorank.method.registry import get_method, is_reference, saved
 from orthorank.method.schedules import SCHEDULES, closest_prefix, saved_prefix, schedule_plan
 from orthorank.models.last_token import LastTokenForward
 from orthorank.models.sliding_attention import kernel_name
@@ -121,7 +121,7 @@ def _rows(opts: FrontierOptions, lm, length: int, levels: list[float], log) -> l
             continue
         for s in levels:
             removed = min(L - 1, math.ceil(s * L - 1e-9))
-            target = compute_sparsity(arch, length, "prune", removed)
+            target = removal_sparsity(arch, length, removed)
             if method in SCHEDULES:
                 try:
                     plan = schedule_plan(method, lm.name, lm.signature(), arch, target, length,
@@ -173,7 +173,7 @@ def _preset_row(opts: FrontierOptions, lm, arch: Arch, length: int, log) -> Row 
     """The preset's plan at this length, as `generate --preset` builds it (None where the preset is dense: its row
     would be dense's again)."""
     preset = load_preset(opts.preset)
-    if preset.method == "dense":
+    if is_reference(preset.method):
         log(f"frontier: the {preset.name} preset is dense here (no setting was free on every model and length it "
             "was chosen from): no extra row")
         return None
@@ -320,8 +320,8 @@ def _points(rows: list[Row], scores: dict, times: dict[str, list[float]], arch: 
     points = []
     for row in rows:
         vals = [scores[row.name][k]["score"] for k in keys]
-        summary = summarize({"all": vals}, None if row.method == "dense" else {"all": dense_scores})["all"]
-        if row.method != "dense":  # the non-inferiority rule on the paired items (evaluation/noninferiority.py)
+        summary = summarize({"all": vals}, None if is_reference(row.method) else {"all": dense_scores})["all"]
+        if not is_reference(row.method):  # the non-inferiority rule on the paired items (evaluation/noninferiority.py)
             summary["verdict"] = decide(vals, dense_scores, groups).to_dict()
         else:
             summary["groups"] = {f"{kind}={g}": 100 * float(np.mean([v for v, x in zip(vals, lab) if x == g]))
@@ -353,7 +353,7 @@ def _longbench_check(opts: FrontierOptions, lm, rows: list[Row], points: list, l
                   lambda text, t=task.base, r=row: score_prediction(t, text, r["answers"], r["all_classes"]),
                   stop_tokens(lm.tokenizer, task)) for i, row in enumerate(task.rows)]
     free = {b["point"] for b in frontier.free_speedups(points).values() if b is not None}
-    chosen = [r for r in rows if r.method == "dense" or r.name in free]
+    chosen = [r for r in rows if is_reference(r.method) or r.name in free]
     settings = {"task": task.name, "limit": opts.longbench, "max_length": length - new, "chat": True,
                 "new_tokens": new}
     scores = _scores(opts, lm, chosen, items, settings, suite="longbench-v1")
@@ -362,7 +362,7 @@ def _longbench_check(opts: FrontierOptions, lm, rows: list[Row], points: list, l
            "prompt_tokens": [len(it.ids) for it in items], "rows": {}}
     for row in chosen:
         vals = [scores[row.name][k]["score"] for k in sorted(scores[row.name])]
-        out["rows"][row.name] = summarize({"all": vals}, None if row.method == "dense" else {"all": dense})["all"]
+        out["rows"][row.name] = summarize({"all": vals}, None if is_reference(row.method) else {"all": dense})["all"]
     return out
 
 

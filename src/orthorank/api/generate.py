@@ -24,6 +24,7 @@ from orthorank.method.presets import Preset, load_preset, preset_plan, with_span
 from orthorank.method.schedules import SCHEDULES
 from orthorank.models.loading import check_context
 from orthorank.results import check_writable, write_json
+from orthorank.method.registry import is_reference
 
 
 def read_prompts(opts: GenerateOptions) -> list[str]:
@@ -61,7 +62,7 @@ def _preset(opts: GenerateOptions) -> Preset | None:
     saved plans needs them."""
     if opts.preset is None:
         return None
-    if opts.method != "dense" or opts.plan or opts.layers or opts.sparsity is not None:
+    if not is_reference(opts.method) or opts.plan or opts.layers or opts.sparsity is not None:
         raise UserError("--preset chooses the plan: leave out --method, --plan, --layers and --sparsity")
     preset = load_preset(opts.preset)
     if preset.method not in ("dense", *SCHEDULES):
@@ -111,7 +112,7 @@ def run(opts: GenerateOptions) -> int:
               + (f", always updating the last {preset.tail} tokens" if preset.tail else "")
               + f" ({len(plan.layers)} layers changed"
               + (f"; {plan.provenance['why']}" if "why" in plan.provenance else "") + ")", file=sys.stderr)
-    if _spans_set(opts) and (preset is None or plan.method != "dense"):  # a preset may run dense on short prompts
+    if _spans_set(opts) and (preset is None or not plan.kind.dense):  # a preset may run dense on short prompts
         plan = with_spans(plan, opts.global_head, opts.global_tail)
     if plan.method == "local":
         a = plan.attention

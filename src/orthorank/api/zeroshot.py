@@ -43,7 +43,7 @@ def run(opts: ZeroshotOptions) -> int:
     if lm.tokenizer is None:
         raise UserError(f"{opts.model} is a random-weight shape; zero-shot evaluation needs a real model")
     plan = plan_for(opts, lm, saved)
-    label = plan.label() if plan.method != "dense" else "dense"
+    label = plan.label()
     batch_size = opts.batch_size or DEFAULT_BATCH_SIZE
     start = time.perf_counter()
     zs = evaluate_zeroshot_rows(lm, [Row(label, plan.target_sparsity or 0.0, plan)], names, opts.limit, root,

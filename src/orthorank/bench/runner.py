@@ -1,7 +1,7 @@
 """Run throughput benchmarks: prefill, decode, and one decoder layer alone.
 
 Prefill runs the decoder over B x T tokens and the LM head on the last position (LastTokenForward); decode times
-greedy steps after an untimed prompt, with the KV cache. Methods are compared side by side on one loaded model: plans are applied and undone in place (apply_orthorank /
+greedy steps after an untimed prompt, with the KV cache. Methods are compared side by side on one loaded model: plans are applied and undone in place (apply_hybrid /
 prune_layers / restore_dense), warm-up runs come first, then timed rounds interleave the methods (rotating their
 order each round) so that drift of the machine's speed hits all of them alike.
 """
@@ -21,15 +21,16 @@ from torch import nn
 from orthorank.errors import UserError
 from orthorank.evaluation.continuation import UpdateCounter
 from orthorank.method import attention_split, orthogonality
-from orthorank.method.apply import apply_hybrid, apply_orthorank, prune_layers, restore_dense
+from orthorank.method.apply import apply_hybrid, restore_dense
 from orthorank.method.attention import SPLIT_MIN_KEYS, _sdpa, query_chunks
-from orthorank.method.cost import Arch, compute_sparsity, hybrid_compute_sparsity
+from orthorank.method.cost import Arch, removal_sparsity, hybrid_compute_sparsity
 from orthorank.method.layer import SelectiveLayer, SequenceContext
 from orthorank.method.local_attention import LocalAttention, local_attention, mean_keys_read
 from orthorank.method.orthogonality import sink_scores
 from orthorank.method.plan import Plan, layers_for_sparsity
 from orthorank.method.plan_store import find_plan
-from orthorank.method.registry import get_method
+from orthorank.method.kinds import PlanKind
+from orthorank.method.registry import benched, get_method
 from orthorank.method.selection import SelectionConfig, keep_count, keep_to_indices
 from orthorank.models.adapters import get_adapter
 from orthorank.models.last_token import LastTokenForward
@@ -49,8 +50,8 @@ MODES = ("prefill", "decode", "layer")
 @dataclass
 class MethodSpec:
     name: str
-    kind: str
-    layers: list[int]
+    kind: PlanKind  # method/kinds/: what the method does to the model
+    layers: list[int]  # the layers it changes: the selection layers where its kind selects, else the removed ones
     source: str = "spread"  # "spread" (evenly spread at the sparsity) or the plan file it came from
     selection: SelectionConfig | None = None
     removed: list[int] = field(default_factory=list)  # hybrid: removed layers (`layers` are its selection layers)
@@ -58,32 +59,31 @@ class MethodSpec:
     per_layer: dict[int, SelectionConfig] | None = None
     decode_only: bool = False  # a variant that differs only in its decode policy: timed in decode mode only
 
-    def ratios(self) -> list[float]:
-        """The keep ratio of each selection layer."""
-        if self.per_layer is not None:
-            return [self.per_layer[i].ratio for i in self.layers]
-        return [self.selection.ratio] * len(self.layers)
-
-    def effective_sparsity(self, num_layers: int) -> float:
-        share = len(self.layers) / num_layers
-        if self.kind == "hybrid":
-            return (len(self.removed) + sum(1.0 - r for r in self.ratios())) / num_layers
-        return share * (1.0 - self.selection.ratio) if self.kind == "orthorank" else share
+    @property
+    def selection_layers(self) -> list[int]:
+        return self.layers if self.kind.selects else []
 
     @property
     def removed_layers(self) -> list[int]:
         """Layers this method does not run at all."""
-        return self.layers if self.kind == "prune" else self.removed
+        return self.removed if self.kind.selects else self.layers
+
+    def ratios(self) -> list[float]:
+        """The keep ratio of each selection layer."""
+        if self.per_layer is not None:
+            return [self.per_layer[i].ratio for i in self.selection_layers]
+        return [self.selection.ratio for _ in self.selection_layers]
+
+    def effective_sparsity(self, num_layers: int) -> float:
+        """The paper's nominal measure: (removed + the skipped share of each selection layer) / L."""
+        return (len(self.removed_layers) + sum(1.0 - r for r in self.ratios())) / num_layers
 
     def apply(self, model: nn.Module) -> None:
-        if self.kind == "dense":
+        if self.kind.dense:
             restore_dense(model)
-        elif self.kind == "prune":
-            prune_layers(model, self.layers)
-        elif self.kind == "hybrid":
-            apply_hybrid(model, self.removed, self.per_layer or {i: self.selection for i in self.layers})
         else:
-            apply_orthorank(model, self.layers, self.selection)
+            apply_hybrid(model, self.removed_layers,
+                         self.per_layer or {i: self.selection for i in self.selection_layers})
 
 
 def method_specs(methods: list[str], num_layers: int, sparsity: float, selection: SelectionConfig,
@@ -94,13 +94,13 @@ def method_specs(methods: list[str], num_layers: int, sparsity: float, selection
 
     specs = []
     for name in methods:
-        method = get_method(name)
-        kind = method.plan_kind
-        if kind == "dense":
+        method = get_method(name, benched())
+        kind = method.kind
+        if kind.dense:
             specs.append(MethodSpec(name, kind, [], source="-"))
             continue
-        spec = MethodSpec(name, kind, [], selection=selection if kind == "orthorank" else None)
-        override = [(path, plan) for path, plan in plans if plan.method == kind]
+        spec = MethodSpec(name, kind, [], selection=selection if kind.selects and not kind.per_layer else None)
+        override = [(path, plan) for path, plan in plans if plan.kind is kind]
         if override:
             path, plan = override[-1]
             spec.layers, spec.source = list(plan.layers), str(path)
@@ -111,21 +111,21 @@ def method_specs(methods: list[str], num_layers: int, sparsity: float, selection
             plan = Plan.load(path)
             spec.layers, spec.source = list(plan.layers), str(path)
         from_plan = bool(override) or method.layers == "plan"
-        if kind == "hybrid" and from_plan:  # a saved hybrid plan: its removals and its selection per layer
+        if kind.per_layer and from_plan:  # a saved hybrid plan: its removals and its selection per layer
             spec.removed, spec.per_layer = list(plan.removed_layers), dict(plan.selection_layers)
             spec.layers = sorted(spec.per_layer)
             spec.selection = next(iter(spec.per_layer.values()), selection)
-        elif kind == "hybrid":
+        elif kind.per_layer:
             spec.selection = selection
             spec.removed, spec.layers = spread_hybrid_layers(sparsity, num_layers, selection.ratio, arch,
                                                              seq_len or 2048)
         elif not from_plan:
-            count = layers_for_sparsity(sparsity, num_layers, kind, selection.ratio, match=method.match,
+            count = layers_for_sparsity(sparsity, num_layers, kind.name, selection.ratio, match=method.match,
                                         arch=arch, seq_len=seq_len or 2048, inner_only=False)
             spec.layers = spread_layers(count, num_layers)
-        if kind == "orthorank" and from_plan:
+        if kind.selects and not kind.per_layer and from_plan:
             spec.selection = plan.selection
-        if kind == "prune" and len(spec.layers) >= num_layers:
+        if len(spec.removed_layers) >= num_layers:
             raise UserError("layer removal at this sparsity would remove every layer")
         specs.append(spec)
     if len({s.name for s in specs}) != len(specs):
@@ -143,7 +143,7 @@ def spread_hybrid_layers(sparsity: float, num_layers: int, ratio: float, arch: A
     rest = [i for i in range(num_layers) if i not in removed]
     if arch is None or p - len(removed) == 0:
         return removed, []
-    target = compute_sparsity(arch, seq_len, "prune", p)
+    target = removal_sparsity(arch, seq_len, p)
     for n in range(1, len(rest) + 1):
         if hybrid_compute_sparsity(arch, seq_len, len(removed), [ratio] * n) >= target - 1e-12:
             break
@@ -269,13 +269,14 @@ def run_methods(model: nn.Module, specs: list[MethodSpec], settings: RunSettings
     # threshold decoding: what the selection layers skipped depends on the text, so the ideal is taken at the share
     # of decoded tokens they actually updated (counted in one more, untimed run)
     shares = {m.spec.name: decoded_update_share(model, m.spec, settings, device) for m in measured
-              if settings.mode == "decode" and m.spec.kind in ("orthorank", "hybrid")
+              if settings.mode == "decode" and m.spec.kind.selects
               and (m.spec.selection or SelectionConfig()).decode == "threshold"}
     stats = {m.spec.name: summarize(m.times) for m in measured}
     head_share = decode_head_share(model) if settings.mode == "decode" else 0.0
-    dense_t = next((stats[m.spec.name]["median_s"] for m in measured if m.spec.kind == "dense"), None)
-    prune_t = next((stats[m.spec.name]["median_s"] for m in measured if m.spec.kind == "prune"), None)
-    dense_min = next((stats[m.spec.name]["min_s"] for m in measured if m.spec.kind == "dense"), None)
+    dense_t = next((stats[m.spec.name]["median_s"] for m in measured if m.spec.kind.dense), None)
+    removal = [m for m in measured if m.spec.kind.removes and not m.spec.kind.selects]  # layer removal's row
+    prune_t = stats[removal[0].spec.name]["median_s"] if removal else None
+    dense_min = next((stats[m.spec.name]["min_s"] for m in measured if m.spec.kind.dense), None)
     arch = Arch.from_config(model.config, num_layers)
     rows = [_method_row(model, m, stats[m.spec.name], settings, arch, num_layers, f_kv, head_share, shares,
                         dense_t, prune_t, dense_min, tokens, base_mib, bandwidth) for m in measured]
@@ -309,33 +310,23 @@ def _method_row(model: nn.Module, m: "_Measured", st: dict[str, Any], settings: 
         sel = dataclasses.replace(sel, ratio=sum(s.ratios()) / len(s.layers))
     # prefill: FLOPs with attention at this prompt length; decode: weights (one new token per step)
     cost = flop_layer_cost(model.config, settings.seq_len, sel.ratio) if settings.mode == "prefill" else None
-    if s.kind == "hybrid":  # removed layers cost nothing; selection layers as OrthoRank's
-        sel_ideal = ideal_speedup("orthorank", num_layers - len(s.removed), len(s.layers), f_kv, sel.ratio,
-                                  settings.mode, sel.decode, cost)
-        sel_ideal_w = ideal_speedup("orthorank", num_layers - len(s.removed), len(s.layers), f_kv, sel.ratio,
-                                    settings.mode, sel.decode)
-        shrink = num_layers / (num_layers - len(s.removed))
-        ideal = None if sel_ideal is None else shrink * sel_ideal
-        ideal_w = None if sel_ideal_w is None else shrink * sel_ideal_w
-    elif s.name in shares:  # a selection layer at the updated share u costs f_kv + (1 - f_kv) u of a dense one
-        ideal = ideal_w = ideal_speedup(s.kind, num_layers, len(s.layers), f_kv, shares[s.name], "prefill")
-    else:
-        ideal = ideal_speedup(s.kind, num_layers, len(s.layers), f_kv, sel.ratio, settings.mode, sel.decode,
-                              cost)
-        ideal_w = ideal_speedup(s.kind, num_layers, len(s.layers), f_kv, sel.ratio, settings.mode, sel.decode)
+    removed, selected = len(s.removed_layers), len(s.selection_layers)
+    if s.name in shares and not s.kind.per_layer:
+        # a selection layer at the updated share u costs f_kv + (1 - f_kv) u of a dense one
+        ideal = ideal_w = ideal_speedup(num_layers, removed, selected, f_kv, shares[s.name], "prefill")
+    else:  # removed layers cost nothing; selection layers their share of a dense one
+        ideal = ideal_speedup(num_layers, removed, selected, f_kv, sel.ratio, settings.mode, sel.decode, cost)
+        ideal_w = ideal_speedup(num_layers, removed, selected, f_kv, sel.ratio, settings.mode, sel.decode)
     # decode is bound by the bytes a step reads, and every method reads the whole LM head each step
     ideal, ideal_w = with_fixed_share(ideal, head_share), with_fixed_share(ideal_w, head_share)
     speedup = dense_t / st["median_s"] if dense_t else None
     arch = Arch.from_config(model.config, num_layers)
-    if s.kind == "hybrid":
-        comp = hybrid_compute_sparsity(arch, settings.seq_len, len(s.removed), s.ratios())
-    else:
-        comp = compute_sparsity(arch, settings.seq_len, s.kind, len(s.layers), sel.ratio)
+    comp = hybrid_compute_sparsity(arch, settings.seq_len, removed, s.ratios())
     row = {
         "method": s.name,
-        "kind": s.kind,
+        "kind": s.kind.name,
         "layers": s.layers,
-        **({"removed_layers": s.removed} if s.kind == "hybrid" else {}),
+        **({"removed_layers": s.removed} if s.kind.per_layer else {}),
         "changed_layers": len(s.layers) + len(s.removed),
         "layers_from": s.source,
         "effective_sparsity": round(s.effective_sparsity(num_layers), 6),
@@ -367,12 +358,12 @@ def _method_row(model: nn.Module, m: "_Measured", st: dict[str, Any], settings: 
         row["decode_bytes_per_step"] = step
         row["bandwidth_bound_tokens_per_s"] = bound
         row["pct_of_bandwidth_bound"] = 100.0 * row["tokens_per_s"] / bound
-        if s.kind in ("orthorank", "hybrid") and sel.decode != "dense":
+        if s.kind.selects and sel.decode != "dense":
             row["bandwidth_bound_note"] = "as if every kept layer ran (bypassed steps read less): a lower bound"
     if s.name in shares:
         row["decoded_tokens_updated"] = shares[s.name]
         row["ideal_note"] = "weights model at the share of decoded tokens the selection layers updated"
-    if s.kind in ("orthorank", "hybrid"):
+    if s.kind.selects:
         row["selection"] = sel.to_dict()
         row["ideal_selective_layer_cost"] = cost if cost is not None else selective_layer_cost(f_kv, sel.ratio)
         row["ideal_selective_layer_cost_weights_only"] = selective_layer_cost(f_kv, sel.ratio)

@@ -24,7 +24,7 @@ from orthorank.cli.common import (
     positive_int,
 )
 from orthorank.errors import UserError
-from orthorank.method.registry import METHODS
+from orthorank.method.registry import benched
 
 
 def _list(kind, text: str) -> list:
@@ -42,7 +42,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="shrink a random-weight shape (llama2-7b, llama3-8b, mistral-7b, ...) to this many layers "
                         "(default: the shape's own count)")
     p.add_argument("--methods", type=lambda t: _list(str, t), default=["dense", "spread-prune", "spread-orthorank"],
-                   help=f"comma-separated, from {', '.join(METHODS)}: searched methods use their saved plan at "
+                   help=f"comma-separated, from {', '.join(benched())}: searched methods use their saved plan at "
                         "--sparsity (or --plan), spread-* spread their layers evenly (any shape; default "
                         "dense,spread-prune,spread-orthorank)")
     p.add_argument("--sparsity", type=finite_float, default=0.2,

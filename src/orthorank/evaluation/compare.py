@@ -23,6 +23,7 @@ from orthorank.method.plan import Plan
 from orthorank.method.policies import parse_variant
 from orthorank.runtime.matching import measured_speedups
 from orthorank.store import model_fingerprint
+from orthorank.method.registry import is_reference
 
 # Ablations of the paper, applied on the OrthoRank plan's own layers. The paper does not say whether the sink's
 # keys/values stay visible when bypassed tokens give none, so both variants are run.
@@ -132,7 +133,7 @@ def evaluate_rows(model, rows: list[Row], windows: dict[str, torch.Tensor], stre
                 ns = None
                 if store is not None:  # keyed by the dense weights' fingerprint and the plan's content
                     ns = store.namespace("perplexity", key(model, row.plan, name, streams[name], w.shape[1], fp))
-                label = row.method if row.method == "dense" else f"{row.method}@{row.level:g}"
+                label = row.method if is_reference(row.method) else f"{row.method}@{row.level:g}"
                 if continuation:
                     nll, shares = stored_continuation(model, w, ns, batch_size, progress, desc=f"{label} {name}")
                     row.updated_share[name] = None if None in shares else float(np.mean(shares))
@@ -180,7 +181,7 @@ def reference_rows(row: Row, rows: list[Row]) -> list[Row]:
     """What a row is compared with: OrthoRank with every pruning method at its level; an ablation with OrthoRank at
     its level; a pruning method with dense and, other than SLEB, with SLEB at its level (every method's paired ratio
     against SLEB is what the worst-domain table reads)."""
-    if row.method == "dense":
+    if is_reference(row.method):
         return []
     if row.ablation is not None:
         own = [r for r in rows if r.method == row.family and r.level == row.level]
@@ -194,7 +195,7 @@ def reference_rows(row: Row, rows: list[Row]) -> list[Row]:
                      or (row.family == "router-searched" and r.method == "router"))]
     if row.family.startswith("orthorank"):
         return [r for r in rows if r.method in PRUNING and r.level == row.level]
-    return [r for r in rows if r.method == "dense" or (r.method == "sleb" != row.method and r.level == row.level)]
+    return [r for r in rows if is_reference(r.method) or (r.method == "sleb" != row.method and r.level == row.level)]
 
 
 def comparisons(rows: list[Row]) -> list[Comparison]:

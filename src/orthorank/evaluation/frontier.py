@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from orthorank.evaluation.noninferiority import Verdict, decide_from_summary
+from orthorank.method.registry import is_reference
 
 
 @dataclass
@@ -42,7 +43,7 @@ class Point:
 def verdict(point: Point, dense: Point) -> Verdict | None:
     """The non-inferiority verdict of a point against dense: the one the run stored from its paired items, or, for
     older files that kept only means, the summary's (which never passes). None for dense itself."""
-    if point.method == "dense":
+    if is_reference(point.method):
         return None
     stored = point.score.get("verdict")
     if stored is not None:
@@ -54,7 +55,7 @@ def verdict(point: Point, dense: Point) -> Verdict | None:
 
 def is_free(point: Point, dense: Point) -> bool:
     """Passes the non-inferiority rule against dense (dense itself is its own reference)."""
-    if point.method == "dense":
+    if is_reference(point.method):
         return True
     v = verdict(point, dense)
     return v is not None and v.passes
@@ -62,10 +63,10 @@ def is_free(point: Point, dense: Point) -> bool:
 
 def free_speedups(points: list[Point]) -> dict[str, dict[str, Any] | None]:
     """Per method (dense excluded): the free point with the largest measured speed-up, or None."""
-    dense = next(p for p in points if p.method == "dense")
+    dense = next(p for p in points if is_reference(p.method))
     best: dict[str, dict[str, Any] | None] = {}
     for p in points:
-        if p.method == "dense":
+        if is_reference(p.method):
             continue
         best.setdefault(p.method, None)
         if is_free(p, dense) and (best[p.method] is None or p.speedup["value"] > best[p.method]["speedup"]["value"]):
@@ -83,7 +84,7 @@ def _iv(d: dict[str, Any], key: str = "value", spec: str = ".3f") -> str:
 
 
 def table(points: list[Point], length: int, caption: str) -> str:
-    dense = next(p for p in points if p.method == "dense")
+    dense = next(p for p in points if is_reference(p.method))
     lines = [f"### {length} tokens", "", caption, "",
              "| setting | layers | compute | FLOP ideal | measured speed-up [95% CI] | score [95% CI] | "
              "vs dense (points) [95% CI] | only dense / only it | non-inferior |",
@@ -138,7 +139,7 @@ def plot(points: list[Point], length: int, path: Path, title: str) -> None:
 
     from orthorank.results import atomic_save_figure
 
-    dense = next(p for p in points if p.method == "dense")
+    dense = next(p for p in points if is_reference(p.method))
     fig, ax = plt.subplots(figsize=(7, 4.5))
     ax.axhspan(dense.score["low"], dense.score["high"], color="0.9", label="dense 95% interval")
     methods = list(dict.fromkeys(p.method for p in points))

@@ -62,8 +62,8 @@ def head_flops(arch: Arch) -> float:
 
 
 def prefill_sparsity(arch: Arch, seq_len: int, share: float) -> float:
-    """A plan's share of the dense *prefill's* FLOPs skipped, from its per-token share (compute_sparsity, which
-    prices the LM head on every position, as perplexity needs). Time to first token runs the head on the last
+    """A plan's share of the dense *prefill's* FLOPs skipped, from its per-token share (a plan's compute_sparsity,
+    which prices the LM head on every position, as perplexity needs). Time to first token runs the head on the last
     position only, so the same skipped FLOPs are a larger share of less work: for Gemma 3's 262k-token head the
     per-token measure would understate every prefill plan's share about twofold."""
     total = model_flops(arch, seq_len)
@@ -107,26 +107,21 @@ def model_flops(arch: Arch, seq_len: int, removed: int = 0, selection_layers: in
     return plain * dense_layer + sel + head_flops(arch)
 
 
-def compute_sparsity(arch: Arch, seq_len: int, method: str, count: int, ratio: float = 1.0,
-                     scoring: float | None = None) -> float:
-    """Share of the dense model's per-token FLOPs a plan skips: method "prune" (count layers removed) or
-    "orthorank" (count selection layers at `ratio`, each paying `scoring` FLOPs per token to choose)."""
-    if method == "dense" or count == 0:
+def removal_sparsity(arch: Arch, seq_len: int, count: int) -> float:
+    """Share of the dense model's per-token FLOPs that removing `count` layers skips."""
+    if count == 0:
         return 0.0
-    dense = model_flops(arch, seq_len)
-    if method == "prune":
-        return 1.0 - model_flops(arch, seq_len, removed=count) / dense
-    if method == "orthorank":
-        return 1.0 - model_flops(arch, seq_len, selection_layers=count, ratio=ratio, scoring=scoring) / dense
-    raise ValueError(f"unknown plan method {method!r}")
+    return 1.0 - model_flops(arch, seq_len, removed=count) / model_flops(arch, seq_len)
 
 
-def nominal_sparsity(num_layers: int, method: str, count: int, ratio: float = 1.0) -> float:
-    """The paper's measure: (n / L) * (1 - r) for selection, removed / L for pruning."""
-    if method == "dense" or count == 0:
+def selection_sparsity(arch: Arch, seq_len: int, count: int, ratio: float = 1.0,
+                       scoring: float | None = None) -> float:
+    """Share of the dense model's per-token FLOPs that `count` selection layers at `ratio` skip, each paying
+    `scoring` FLOPs per token to choose (negative where choosing costs more than it skips)."""
+    if count == 0:
         return 0.0
-    share = count / num_layers
-    return share * (1.0 - ratio) if method == "orthorank" else share
+    return 1.0 - model_flops(arch, seq_len, selection_layers=count, ratio=ratio, scoring=scoring) / model_flops(
+        arch, seq_len)
 
 
 def selection_layers_to_match(arch: Arch, seq_len: int, target: float, ratio: float,
@@ -137,9 +132,9 @@ def selection_layers_to_match(arch: Arch, seq_len: int, target: float, ratio: fl
         raise ValueError(f"ratio {ratio} saves no compute at sequence length {seq_len}")
     total = model_flops(arch, seq_len)
     n = max(0, math.ceil(target * total / saved - 1e-9))
-    while n > 0 and compute_sparsity(arch, seq_len, "orthorank", n - 1, ratio, scoring) >= target:
+    while n > 0 and selection_sparsity(arch, seq_len, n - 1, ratio, scoring) >= target:
         n -= 1
-    while n <= arch.num_layers and compute_sparsity(arch, seq_len, "orthorank", n, ratio, scoring) < target - 1e-12:
+    while n <= arch.num_layers and selection_sparsity(arch, seq_len, n, ratio, scoring) < target - 1e-12:
         n += 1
     return n
 
@@ -183,7 +178,7 @@ def ratio_to_match(arch: Arch, seq_len: int, target: float, count: int, base_rat
     fixed share). Ratios are K / seq_len for a whole number of kept tokens K, so the plan keeps exactly K tokens of
     a window of seq_len; the remaining error is under one token per layer."""
     def skipped(k: int) -> float:
-        return compute_sparsity(arch, seq_len, "orthorank", count, k / seq_len, scoring=scoring)
+        return selection_sparsity(arch, seq_len, count, k / seq_len, scoring=scoring)
 
     lo = keep_count(seq_len, base_ratio)
     if count <= 0 or skipped(lo) <= target:

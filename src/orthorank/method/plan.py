@@ -11,10 +11,10 @@ from typing import Any
 
 from orthorank.errors import UserError
 from orthorank.method.cost import (  # noqa: F401  (DEFAULT_COST_SEQ_LEN, selection_scoring_flops: named from here)
-    DEFAULT_COST_SEQ_LEN, Arch, compute_sparsity, selection_layers_to_match, selection_scoring_flops,
+    DEFAULT_COST_SEQ_LEN, Arch, removal_sparsity, selection_layers_to_match, selection_scoring_flops,
 )
 from orthorank.method.kinds import KINDS, PlanKind, get_kind
-from orthorank.method.kinds.hybrid import REMOVE, actions_json, check_actions  # noqa: F401  (REMOVE: named from here)
+from orthorank.method.kinds.hybrid import REMOVE  # noqa: F401  (named from here by its callers)
 from orthorank.method.local_attention import LocalAttention
 from orthorank.method.selection import SelectionConfig
 from orthorank.results import atomic_write_text
@@ -41,7 +41,7 @@ def layers_for_sparsity(sparsity: float, num_layers: int, method: str, ratio: fl
     layers whose compute sparsity reaches pruning's under match="compute" (needs `arch`)."""
     check_sparsity(sparsity)
     removed = min(num_layers, math.ceil(sparsity * num_layers - 1e-9))
-    if method == "prune":
+    if not get_kind(method).selects:
         return removed
     if ratio >= 1.0:
         raise UserError("ratio 1.0 skips no work, so no layer count reaches a sparsity above 0")
@@ -51,7 +51,7 @@ def layers_for_sparsity(sparsity: float, num_layers: int, method: str, ratio: fl
         raise UserError(f"unknown sparsity matching rule {match!r}; choose one of {', '.join(MATCH_RULES)}")
     if arch is None:
         raise ValueError("match='compute' needs the model's architecture")
-    target = compute_sparsity(arch, seq_len, "prune", removed)
+    target = removal_sparsity(arch, seq_len, removed)
     n = selection_layers_to_match(arch, seq_len, target, ratio, scoring)
     room = num_layers - 2 if inner_only else num_layers  # searches never touch the first and last layer
     if n > room:

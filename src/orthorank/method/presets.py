@@ -19,10 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from orthorank.errors import UserError
-from orthorank.method.cost import Arch, compute_sparsity
+from orthorank.method.cost import Arch, removal_sparsity
 from orthorank.method.plan import Plan
 from orthorank.method.policies import parse_variant
 from orthorank.method.schedules import SCHEDULES, closest_prefix, saved_prefix, schedule_plan
+from orthorank.method.registry import is_reference
 
 PRESET_DIR = Path(__file__).resolve().parent.parent / "presets"
 PRESET_FORMAT = "orthorank-preset/1"
@@ -81,7 +82,7 @@ def preset_plan(preset: Preset, model: str, signature: dict[str, Any], arch: Arc
                 saved: Plan | None = None, layer_types: list[str] | None = None) -> Plan:
     """The preset's plan for a model at a prompt length. `saved`: the method's saved plan (its search order), for
     methods that are not schedules."""
-    if preset.method == "dense":
+    if is_reference(preset.method):
         return Plan("dense", [], model, signature)
     if prompt_len < preset.min_length:  # no evidence there: local attention, for one, is slower than dense at 1k
         return Plan("dense", [], model, signature,
@@ -97,7 +98,7 @@ def preset_plan(preset: Preset, model: str, signature: dict[str, Any], arch: Arc
                                                               "dense: the preset was not measured there"})
     L = arch.num_layers
     removed = min(L - 1, math.ceil(preset.level * L - 1e-9))
-    target = compute_sparsity(arch, prompt_len, "prune", removed)
+    target = removal_sparsity(arch, prompt_len, removed)
     if preset.method in SCHEDULES:
         plan = schedule_plan(preset.method, model, signature, arch, target, prompt_len, layer_types=layer_types,
                              at_most_reach=True)

@@ -1,8 +1,10 @@
-"""One registry of method names, read by every command (calibrate, compare, ppl, zeroshot, bench).
+"""One registry of method names, read by every command (calibrate, compare, ppl, zeroshot, bench, frontier) and the
+study.
 
-A method says what kind of plan it makes (dense, token selection or layer removal), how its layers are found
-(a calibration search, the paper's rule, or evenly spread for speed measurements), how many layers a sparsity
-takes, where its saved plans live, and what its plans cost. Adding a method is adding an entry here.
+A method says what kind of plan it makes (its plan kind, method/kinds/: dense, token selection, layer removal, hybrid
+or local attention), how its layers are found (a calibration search whose saved plans it reads, a schedule of
+method/schedules.py, or evenly spread for speed measurements), how many layers a sparsity takes, and which commands
+run it by default. Adding a method is adding an entry here; adding a kind of plan is a module in method/kinds/.
 """
 
 from __future__ import annotations
@@ -12,17 +14,24 @@ from typing import Callable
 
 from orthorank.errors import UserError
 from orthorank.method.cost import Arch
+from orthorank.method.kinds import PlanKind, get_kind
 from orthorank.method.plan import DEFAULT_COST_SEQ_LEN, layers_for_sparsity
 
 
 @dataclass(frozen=True)
 class Method:
     name: str
-    plan_kind: str  # "dense", "orthorank" (token selection), "prune" (layer removal) or "hybrid" (both, per layer)
+    plan_kind: str  # a kind of method/kinds/: "dense", "orthorank", "prune", "hybrid" or "local"
     reference: str
     search: str | None = None  # key in search.registry.SEARCHES: the calibration search that finds the layers
     match: str = "compute"  # rule against pruning: "compute" (FLOPs), "speed" (measured) or "nominal" (the paper's)
-    layers: str = "plan"  # "plan" (saved plan from the search), "spread" (evenly spread: speed only), "none"
+    # "plan" (saved plan from the search), "schedule" (method/schedules.py, from depth alone), "spread" (evenly
+    # spread: speed only), "none"
+    layers: str = "plan"
+
+    @property
+    def kind(self) -> PlanKind:
+        return get_kind(self.plan_kind)
 
     @property
     def plan_label(self) -> str:
@@ -31,9 +40,9 @@ class Method:
 
     def layer_count(self, sparsity: float, num_layers: int, ratio: float, arch: Arch | None = None,
                     seq_len: int = DEFAULT_COST_SEQ_LEN) -> int:
-        if self.plan_kind == "dense":
+        if self.kind.dense:
             return 0
-        if self.plan_kind == "hybrid":
+        if self.kind.removes and self.kind.selects:
             raise UserError("a hybrid plan's layers come from its search under a cost table, not from a count")
         return layers_for_sparsity(sparsity, num_layers, self.plan_kind, ratio, match=self.match, arch=arch,
                                    seq_len=seq_len)
@@ -81,7 +90,27 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("spread-prune", "prune", "removal of evenly spread layers (speed measurements)", layers="spread"),
     Method("spread-hybrid", "hybrid", "half of removal's layers removed, selection in evenly spread others to match "
            "its compute (speed measurements)", layers="spread"),
+    # Schedules (method/schedules.py): the plan follows from depth alone at a compute target, no search.
+    Method("depth", "hybrid", "this project: OrthoRank in the later layers only, one keep ratio for the target",
+           layers="schedule"),
+    Method("progressive", "hybrid", "Fu et al. 2024 (LazyLLM-style): fewer tokens in every later layer, pruned keys",
+           layers="schedule"),
+    Method("local", "local", "this project: local prefill attention in the later full-attention layers, the prompt's "
+           "head and tail global", layers="schedule"),
 )}
+
+# What each command runs when --methods is not given (the typed options' defaults read these).
+DEFAULT_METHODS: dict[str, tuple[str, ...]] = {
+    "compare": ("dense", "sleb", "shortened-ppl", "shortgpt", "orthorank"),
+    "longctx": ("dense", "sleb", "orthorank"),
+    "frontier": ("dense", "sleb", "shortgpt", "orthorank", "depth", "progressive", "local"),
+    "bench": ("dense", "spread-prune", "spread-orthorank"),
+}
+
+
+def default_methods(command: str) -> str:
+    """A command's default --methods, comma-separated as it is written on a command line."""
+    return ",".join(DEFAULT_METHODS[command])
 
 
 def names(where: Callable[[Method], bool] = lambda m: True) -> list[str]:
@@ -96,7 +125,22 @@ def searched() -> list[str]:
 def saved() -> list[str]:
     """Methods with saved plans (plans/<model>/<name>-<sparsity>.json): the searched ones and the routers fitted on
     them; what commands that apply a plan by --method and --sparsity accept."""
-    return names(lambda m: m.layers == "plan" and m.plan_kind != "dense")
+    return names(lambda m: m.layers == "plan" and not m.kind.dense)
+
+
+def benched() -> list[str]:
+    """Methods `bench` times: every one with layers of its own (a schedule's plan needs a model's text to choose)."""
+    return names(lambda m: m.layers != "schedule")
+
+
+def scheduled() -> list[str]:
+    """Methods whose plans follow from a schedule (method/schedules.py) at each level."""
+    return names(lambda m: m.layers == "schedule")
+
+
+def is_reference(name: str) -> bool:
+    """Whether a result row of this method is the dense reference the others are compared with."""
+    return name in METHODS and METHODS[name].kind.dense
 
 
 def get_method(name: str, allowed: list[str] | None = None) -> Method:

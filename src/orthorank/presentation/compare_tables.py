@@ -13,17 +13,18 @@ from orthorank.evaluation.compare import Comparison, Headroom, Row, WorstDomain
 from orthorank.evaluation.stats import Interval
 from orthorank.method.cost import Arch
 from orthorank.results import atomic_save_figure
+from orthorank.method.registry import is_reference
 
 
 def frontier_points(rows: list[Row], datasets: list[str]) -> list:
     """Rows with a speed-up measured in this run as points of the speed/quality frontier (dense at 1x)."""
     points = []
     for r in rows:
-        if r.method != "dense" and r.measured_speedup is None:
+        if not is_reference(r.method) and r.measured_speedup is None:
             continue
         ppl = {d: (ci.value, ci.low, ci.high) for d in datasets if d in r.nll for ci in [r.interval(d)]}
-        speed = 1.0 if r.method == "dense" else r.measured_speedup
-        points.append(FrontierPoint(r.method, "dense" if r.method == "dense" else f"{r.level:g}", speed,
+        speed = 1.0 if is_reference(r.method) else r.measured_speedup
+        points.append(FrontierPoint(r.method, "dense" if is_reference(r.method) else f"{r.level:g}", speed,
                                     r.measured_range, None, ppl))
     return points
 
@@ -101,10 +102,10 @@ def plot_ppl(rows: list[Row], datasets: list[str], path: Path, arch: Arch, seq_l
 
     fig, axes = plt.subplots(1, len(datasets), figsize=(5.8 * len(datasets), 4.4), squeeze=False)
     for ax, ds in zip(axes[0], datasets):
-        dense = [r for r in rows if r.method == "dense" and ds in r.nll]
+        dense = [r for r in rows if is_reference(r.method) and ds in r.nll]
         by_method: dict[str, list[Row]] = {}
         for r in rows:
-            if r.method != "dense" and ds in r.nll:
+            if not is_reference(r.method) and ds in r.nll:
                 by_method.setdefault(r.method, []).append(r)
         for method, rs in by_method.items():
             rs = sorted(rs, key=lambda r: r.sparsity(arch, seq_len)["compute"])

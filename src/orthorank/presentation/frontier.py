@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orthorank.results import atomic_save_figure
+from orthorank.method.registry import is_reference
 
 
 @dataclass
@@ -30,11 +31,11 @@ def plot_frontier(points: list[FrontierPoint], datasets: list[str], path: str | 
     markers = {"dense": "s", "sleb": "o", "orthorank": "^", "hybrid": "D", "shortened": "v", "shortgpt": "P",
                "orthorank-nominal": "<"}
     fig, axes = plt.subplots(1, len(datasets), figsize=(6.2 * len(datasets), 4.8), squeeze=False)
-    dense = [p for p in points if p.method == "dense"]
+    dense = [p for p in points if is_reference(p.method)]
     for ax, ds in zip(axes[0], datasets):
         series: dict[str, list[FrontierPoint]] = {}
         for p in points:
-            if p.method != "dense" and ds in p.ppl:
+            if not is_reference(p.method) and ds in p.ppl:
                 series.setdefault(p.method, []).append(p)
         for method, pts in series.items():
             pts = sorted(pts, key=lambda p: p.measured)

@@ -113,13 +113,7 @@ class CostTable:
 
     def plan_actions(self, plan) -> dict[int, str | float]:
         """Any plan as per-layer actions (dense: none; prune: remove; orthorank: its ratio; hybrid: its own)."""
-        if plan.method == "hybrid":
-            return dict(plan.actions)
-        if plan.method == "prune":
-            return {i: REMOVE for i in plan.layers}
-        if plan.method == "orthorank":
-            return {i: plan.selection.ratio for i in plan.layers}
-        return {}
+        return plan.kind.actions(plan)
 
     def plan_speedup(self, plan) -> float:
         return self.predicted_speedup(self.plan_actions(plan))

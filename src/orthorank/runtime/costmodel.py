@@ -53,25 +53,26 @@ def flop_layer_cost(config: Any, seq_len: int, ratio: float) -> float:
     return selection_layer_flops(arch, seq_len, ratio) / layer_flops(arch, seq_len).dense
 
 
-def ideal_speedup(method: str, num_layers: int, changed: int, f_kv: float = 0.0, ratio: float = 1.0,
+def ideal_speedup(num_layers: int, removed: int = 0, selected: int = 0, f_kv: float = 0.0, ratio: float = 1.0,
                   mode: str = "prefill", decode: str = "dense", layer_cost: float | None = None) -> float | None:
-    """Ideal speed-up over dense. `changed`: layers removed (prune) or turned into selection layers (orthorank).
-    `layer_cost` (e.g. `flop_layer_cost`) replaces the weight-only cost of a selection layer.
+    """Ideal speed-up over dense of removing `removed` layers and selecting tokens in `selected` others (at `ratio`):
+    L / (L - removed) for the removals, times K / (K - n + n c) over the K kept layers for n selection layers
+    costing c of a dense layer each. `layer_cost` (e.g. `flop_layer_cost`) replaces the weight-only cost of a
+    selection layer.
 
-    In decode mode with decode="dense" every new token is updated by every layer (ceil(ratio * 1) = 1), so
-    OrthoRank's ideal is 1.0; with decode="threshold" the work saved depends on the data: None.
+    In decode mode with decode="dense" every new token is updated by every layer (ceil(ratio * 1) = 1), so a
+    selection layer saves nothing; with decode="threshold" the work saved depends on the data: None.
     """
-    L, n = int(num_layers), int(changed)
-    if method == "dense" or n == 0:
-        return 1.0
-    if method == "prune":
-        return L / (L - n) if n < L else None
-    if method != "orthorank":
-        raise ValueError(f"unknown method {method!r}")
+    L, kept, n = int(num_layers), int(num_layers) - int(removed), int(selected)
+    if kept <= 0:
+        return None
+    shrink = L / kept
+    if n == 0:
+        return shrink
     if mode == "decode":
-        return 1.0 if decode == "dense" else None
+        return shrink if decode == "dense" else None
     cost = selective_layer_cost(f_kv, ratio) if layer_cost is None else layer_cost
-    return L / (L - n + n * cost)
+    return shrink * kept / (kept - n + n * cost)
 
 
 def with_fixed_share(speedup: float | None, fixed_share: float) -> float | None:

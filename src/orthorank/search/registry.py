@@ -12,6 +12,7 @@ from orthorank.search.racing import ALPHA
 from orthorank.search.layer_search import SearchResult, StackRunner, block_influence, greedy_search, one_shot_ppl
 from orthorank.errors import UserError
 from orthorank.method.cost import Arch
+from orthorank.method.kinds import PlanKind, get_kind
 from orthorank.method.plan import DEFAULT_COST_SEQ_LEN, layers_for_sparsity
 from orthorank.method.selection import SelectionConfig
 
@@ -26,11 +27,18 @@ class SearchMethod:
     run: Callable[..., Any]
     greedy: bool = False  # one step per layer chosen (checkpointed per step); else one-shot scores
     per_layer: bool = False  # a remove / keep-ratio action per layer to predicted speed-ups (`calibrate_hybrid`)
+    # per-layer searches: may remove layers (under a measured cost table), or only set keep ratios (on the FLOP count,
+    # to pruning's compute exactly)
+    removals: bool = True
+
+    @property
+    def kind(self) -> PlanKind:
+        return get_kind(self.plan_method)
 
     def settings(self, selection: SelectionConfig, screen: int | None, recheck: int) -> dict:
         """What, besides the model and calibration windows, decides this search's result (its checkpoint key)."""
         out: dict = {}
-        if self.plan_method == "orthorank":
+        if self.kind.one_selection:
             out["selection"] = selection.key_dict()
         if self.greedy:
             out["screen_batches"] = screen
@@ -79,7 +87,7 @@ SEARCH_METHODS: dict[str, SearchMethod] = {
                      partial(hybrid_search, remove=True), greedy=True, per_layer=True),
         SearchMethod("orthorank-ratios", "hybrid", "this project: OrthoRank's keep ratio per layer, greedy over "
                      "(layer, ratio) at pruning's compute", partial(hybrid_search, remove=False), greedy=True,
-                     per_layer=True),
+                     per_layer=True, removals=False),
     )
 }
 

@@ -29,6 +29,13 @@ class PlanKind:
     dense: ClassVar[bool] = False  # the unchanged model
     selects: ClassVar[bool] = False  # some layers select tokens (a SelectionConfig applies)
     removes: ClassVar[bool] = False  # some layers are removed
+    per_layer: ClassVar[bool] = False  # each changed layer has its own action (a hybrid plan's "remove" or ratio)
+    from_layers: ClassVar[bool] = False  # a plan of it is a list of layers (`--method KIND --layers 3,5,7`)
+
+    @property
+    def one_selection(self) -> bool:
+        """Every selection layer runs the same SelectionConfig (one keep ratio for the whole plan)."""
+        return self.selects and not self.per_layer
 
     def check(self, plan: Plan) -> None:
         """Fill defaults and refuse what this kind's plans cannot be (called once, when the plan is made)."""
@@ -37,6 +44,11 @@ class PlanKind:
         return []
 
     def selection_layers(self, plan: Plan) -> dict[int, SelectionConfig]:
+        return {}
+
+    def actions(self, plan: Plan) -> dict[int, str | float]:
+        """The plan as per-layer actions, as cost tables price them: layer -> "remove" or its keep ratio (layers
+        the kind leaves to run every token through every part are absent)."""
         return {}
 
     def ratio(self, plan: Plan) -> float:
@@ -70,6 +82,11 @@ KINDS: dict[str, PlanKind] = {}
 def register(cls: type[PlanKind]) -> type[PlanKind]:
     KINDS[cls.name] = cls()
     return cls
+
+
+def layer_list_kinds() -> list[str]:
+    """Kinds whose plans a command line gives as a list of layers (`--method prune --layers 3,5`)."""
+    return [name for name, kind in KINDS.items() if kind.from_layers]
 
 
 def get_kind(name: str) -> PlanKind:

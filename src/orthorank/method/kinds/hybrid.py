@@ -22,6 +22,7 @@ class Hybrid(PlanKind):
     own_fields = ("actions",)
     selects = True
     removes = True
+    per_layer = True
 
     def check(self, plan) -> None:
         plan.actions = check_actions(plan.actions)
@@ -38,6 +39,9 @@ class Hybrid(PlanKind):
     def selection_layers(self, plan) -> dict[int, SelectionConfig]:
         return {i: dataclasses.replace(plan.selection, ratio=float(a))
                 for i, a in sorted(plan.actions.items()) if a != REMOVE}
+
+    def actions(self, plan) -> dict[int, str | float]:
+        return dict(plan.actions)
 
     def nominal_sparsity(self, plan) -> float:
         skipped = len(self.removed_layers(plan)) + sum(1.0 - c.ratio for c in self.selection_layers(plan).values())

@@ -4,7 +4,7 @@ tokens are updated, the others bypass the layer; one SelectionConfig for every l
 from __future__ import annotations
 
 from orthorank.method.apply import apply_orthorank
-from orthorank.method.cost import compute_sparsity, hybrid_compute_sparsity, selection_scoring_flops
+from orthorank.method.cost import hybrid_compute_sparsity, selection_scoring_flops, selection_sparsity
 from orthorank.method.kinds import PlanKind, register
 from orthorank.method.selection import SelectionConfig
 
@@ -13,6 +13,7 @@ from orthorank.method.selection import SelectionConfig
 class Orthorank(PlanKind):
     name = "orthorank"
     selects = True
+    from_layers = True
 
     def check(self, plan) -> None:
         if plan.selection is None:
@@ -20,6 +21,9 @@ class Orthorank(PlanKind):
 
     def selection_layers(self, plan) -> dict[int, SelectionConfig]:
         return {i: plan.selection for i in plan.layers}
+
+    def actions(self, plan) -> dict[int, str | float]:
+        return {i: plan.selection.ratio for i in plan.layers}
 
     def ratio(self, plan) -> float:
         return plan.selection.ratio
@@ -35,7 +39,7 @@ class Orthorank(PlanKind):
         if sel.progressive and not sel.bypass_kv:  # pruned keys: the kept queries attend the kept keys only
             return hybrid_compute_sparsity(arch, seq_len, 0, [sel.ratio] * len(plan.layers), scoring=scoring,
                                            pruned_keys=True)
-        return compute_sparsity(arch, seq_len, "orthorank", len(plan.layers), sel.ratio, scoring=scoring)
+        return selection_sparsity(arch, seq_len, len(plan.layers), sel.ratio, scoring=scoring)
 
     def apply(self, model, plan):
         return apply_orthorank(model, plan.layers, plan.selection)

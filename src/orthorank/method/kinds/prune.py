@@ -3,23 +3,28 @@
 from __future__ import annotations
 
 from orthorank.method.apply import prune_layers
-from orthorank.method.cost import compute_sparsity
+from orthorank.method.cost import removal_sparsity
 from orthorank.method.kinds import PlanKind, register
+from orthorank.method.kinds.hybrid import REMOVE
 
 
 @register
 class Prune(PlanKind):
     name = "prune"
     removes = True
+    from_layers = True
 
     def removed_layers(self, plan) -> list[int]:
         return list(plan.layers)
+
+    def actions(self, plan) -> dict[int, str | float]:
+        return {i: REMOVE for i in plan.layers}
 
     def nominal_sparsity(self, plan) -> float:
         return len(plan.layers) / plan.num_layers
 
     def compute_sparsity(self, plan, arch, seq_len) -> float:
-        return compute_sparsity(arch, seq_len, "prune", len(plan.layers))
+        return removal_sparsity(arch, seq_len, len(plan.layers))
 
     def apply(self, model, plan):
         return prune_layers(model, plan.layers)
