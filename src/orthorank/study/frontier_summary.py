@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from orthorank.errors import UserError
+from orthorank.method.local_attention import LocalAttention
+from orthorank.method.registry import get_method
 from orthorank.results import atomic_write_text
 
 RUN_KINDS = ("preset-check", "calibration", "check")  # folders of runs that are not a method sweep on evaluation items
@@ -87,12 +89,18 @@ def headline(files: dict[str, dict[str, Any]], bar: float, preset: dict[str, Any
         line = (f"`generate --preset {preset['name']}` runs **dense**: "
                 f"{preset['evidence'].get('reason', 'no setting passed')}.")
     else:
-        spans = (f", head {preset.get('global_head', 0)}, tail {preset.get('global_tail')}"
-                 if preset["method"] == "local" else "")
+        tail = preset.get("global_tail")
+        spans = (f" (global spans: the sink, the prompt's first {preset.get('global_head', 0)} tokens and its last "
+                 f"{LocalAttention().tail if tail is None else tail})" if _is_local(preset["method"]) else "")
         line = (f"`generate --preset {preset['name']}`: {preset['method']} at {preset['level']:g}{spans}, chosen on "
                 f"calibration prompts of {', '.join(preset.get('models') or ['every model'])} at "
                 f"{preset['min_length']}-{preset.get('max_length') or preset['min_length']} tokens.")
     return table + "\n" + line + "\n"
+
+
+def _is_local(method: str) -> bool:
+    """Whether a preset's method runs local attention (its plans carry global spans)."""
+    return "attention" in get_method(method).kind.own_fields
 
 
 def summarize(files: dict[str, dict[str, Any]], bar: float) -> str:
