@@ -44,7 +44,7 @@ def test_every_module_a_stored_result_is_keyed_by_exists():
 
 
 # Issue 56 lands in steps; each step may only lower these (the target is 0, 0 and 0: see docs/design.md).
-MOST_KIND_STRING_TESTS = 37
+MOST_KIND_STRING_TESTS = 21
 MOST_FLAGS_DECLARED_TWICE = 111
 MOST_FILES_OVER_400_LINES = 4
 

@@ -48,8 +48,8 @@ from orthorank.method.cost import Arch, removal_sparsity, prefill_sparsity
 from orthorank.method.plan import Plan
 from orthorank.method.policies import parse_variants
 from orthorank.method.presets import Preset, load_preset, preset_plan
-from orthorank.method.registry import get_method, is_reference, saved
-from orthorank.method.schedules import SCHEDULES, closest_prefix, saved_prefix, schedule_plan
+from orthorank.method.registry import get_method, is_reference, saved, scheduled
+from orthorank.method.schedules import schedule_plan
 from orthorank.models.last_token import LastTokenForward
 from orthorank.models.sliding_attention import kernel_name
 from orthorank.models.loading import check_context, input_device
@@ -62,7 +62,6 @@ SELECTING = ("orthorank", "router", "router-searched", "depth")  # methods whose
 # replaced would be the OrthoRank row of the same layers again, not a router.
 VARIANT_BASES = ("orthorank", "depth")
 CALIBRATION_SEED = 1_000_003  # calibration prompts: another seed and calibration text, so no sample repeats
-PREFIX_KINDS = ("prune", "orthorank")  # saved plans whose search order gives lower levels as prefixes
 SAVED_LEVELS = (0.2, 0.1)  # the saved plan whose order is read: the highest level there is
 
 
@@ -71,13 +70,11 @@ def _methods(opts: FrontierOptions) -> list[str]:
     if not methods:
         raise UserError("--methods names no method")
     for m in methods:
-        if m in SCHEDULES:
-            continue
-        method = get_method(m, ["dense", *saved(), *SCHEDULES])
-        if method.plan_kind not in ("dense", *PREFIX_KINDS):
+        method = get_method(m, ["dense", *saved(), *scheduled()])
+        if not (method.kind.dense or method.layers == "schedule" or method.kind.prefixes):
             raise UserError(f"the frontier takes levels of {m} from its search order; a {method.plan_kind} plan has "
                             "none: name dense, a pruning method, orthorank, router or a schedule "
-                            f"({', '.join(SCHEDULES)})")
+                            f"({', '.join(scheduled())})")
     return methods
 
 
@@ -113,16 +110,16 @@ def _rows(opts: FrontierOptions, lm, length: int, levels: list[float], log) -> l
     L = arch.num_layers
     variants = parse_variants(opts.policies) if opts.policies else []
     rows = [Row("dense", "dense", None, Plan("dense", [], lm.name, lm.signature()))]
-    saved = {m: _saved_order(opts, lm.name, m) for m in _methods(opts) if m not in ("dense", *SCHEDULES)}
+    saved = {m: _saved_order(opts, lm.name, m) for m in _methods(opts) if get_method(m).layers == "plan"}
     for plan in saved.values():
         plan.check_model(lm.name, lm.signature())
     for method in _methods(opts):
-        if method == "dense":
+        if is_reference(method):
             continue
         for s in levels:
             removed = min(L - 1, math.ceil(s * L - 1e-9))
             target = removal_sparsity(arch, length, removed)
-            if method in SCHEDULES:
+            if get_method(method).layers == "schedule":
                 try:
                     plan = schedule_plan(method, lm.name, lm.signature(), arch, target, length,
                                          start=opts.schedule_start, layer_types=getattr(lm.config, "layer_types", None),
@@ -136,7 +133,7 @@ def _rows(opts: FrontierOptions, lm, length: int, levels: list[float], log) -> l
                         continue
                     log(f"frontier: {method} at {s:g} is past its reach: every full-attention layer it may use "
                         f"({len(plan.layers)}), skipping {plan.compute_sparsity(arch, length):.3f} of the compute")
-                elif method == "local" and plan.layers == schedule_plan(
+                elif plan.attention is not None and plan.layers == schedule_plan(
                         method, lm.name, lm.signature(), arch, 1.0, length, start=opts.schedule_start,
                         layer_types=getattr(lm.config, "layer_types", None), at_most_reach=True).layers:
                     # reached exactly with every layer it may use: a preset's level is not bounded by this point
@@ -144,19 +141,15 @@ def _rows(opts: FrontierOptions, lm, length: int, levels: list[float], log) -> l
                 label = f"{method} {s:g}"
             else:
                 saved_plan = saved[method]
-                order = saved_plan.provenance["order"]
-                if saved_plan.method == "prune":
-                    if removed > len(order):
-                        log(f"frontier: {method} at {s:g} removes {removed} layers, its saved search chose "
-                            f"{len(order)}: left out")
-                        continue
-                    plan = saved_prefix(saved_plan, removed)
-                else:  # the prefix whose compute is closest to pruning's at this length, at the plan's ratio
-                    plan, skipped = closest_prefix(saved_plan, arch, length, target)
-                    if skipped < 0.9 * target:
-                        log(f"frontier: {method} at {s:g}: its saved search's {len(order)} layers skip "
-                            f"{skipped:.3f} of the compute, short of {target:.3f}: left out")
-                        continue
+                try:
+                    plan, skipped = saved_plan.kind.level_prefix(saved_plan, arch, length, removed, target)
+                except UserError as exc:
+                    log(f"frontier: {method} at {s:g} left out: {exc}")
+                    continue
+                if skipped < 0.9 * target:
+                    log(f"frontier: {method} at {s:g}: its saved search's {len(saved_plan.provenance['order'])} "
+                        f"layers skip {skipped:.3f} of the compute, short of {target:.3f}: left out")
+                    continue
                 label = f"{method} {s:g}"
             rows.append(Row(label, method, s, plan))
             if variants and plan.selection is not None and method in VARIANT_BASES:
@@ -177,7 +170,7 @@ def _preset_row(opts: FrontierOptions, lm, arch: Arch, length: int, log) -> Row 
         log(f"frontier: the {preset.name} preset is dense here (no setting was free on every model and length it "
             "was chosen from): no extra row")
         return None
-    saved_plan = None if preset.method in SCHEDULES else _saved_order(opts, lm.name, preset.method)
+    saved_plan = _saved_order(opts, lm.name, preset.method) if get_method(preset.method).layers == "plan" else None
     plan = preset_plan(preset, lm.name, lm.signature(), arch, length, saved_plan,
                        layer_types=getattr(lm.config, "layer_types", None))
     return Row(f"preset {preset.name}", f"preset:{preset.name}", preset.level, plan)
@@ -187,7 +180,7 @@ def _checked_preset(opts: FrontierOptions) -> Preset | None:
     if not opts.preset:
         return None
     preset = load_preset(opts.preset)
-    if preset.method not in ("dense", *SCHEDULES):
+    if get_method(preset.method).layers == "plan":
         _saved_order(opts, expected_model_name(opts.model), preset.method)
     return preset
 
@@ -391,7 +384,7 @@ def check(opts: FrontierOptions) -> tuple[list[int], list[str], list[float]]:
         parse_variants(opts.policies)
     _checked_preset(opts)
     for m in _methods(opts):
-        if m not in ("dense", *SCHEDULES):
+        if get_method(m).layers == "plan":
             _saved_order(opts, expected_model_name(opts.model), m)
     if opts.score_on not in ("evaluation", "calibration"):
         raise UserError(f"--score-on must be evaluation or calibration, got {opts.score_on!r}")

@@ -21,10 +21,9 @@ from orthorank.method.apply import apply_plan, restore_dense
 from orthorank.method.cost import Arch
 from orthorank.method.plan import Plan
 from orthorank.method.presets import Preset, load_preset, preset_plan, with_spans
-from orthorank.method.schedules import SCHEDULES
+from orthorank.method.registry import get_method, is_reference
 from orthorank.models.loading import check_context
 from orthorank.results import check_writable, write_json
-from orthorank.method.registry import is_reference
 
 
 def read_prompts(opts: GenerateOptions) -> list[str]:
@@ -65,9 +64,9 @@ def _preset(opts: GenerateOptions) -> Preset | None:
     if not is_reference(opts.method) or opts.plan or opts.layers or opts.sparsity is not None:
         raise UserError("--preset chooses the plan: leave out --method, --plan, --layers and --sparsity")
     preset = load_preset(opts.preset)
-    if preset.method not in ("dense", *SCHEDULES):
+    if get_method(preset.method).layers == "plan":
         _preset_saved(opts, preset)
-    if _spans_set(opts) and preset.method != "local":
+    if _spans_set(opts) and not get_method(preset.method).kind.global_spans:
         raise UserError(f"--global-head/--global-tail set local attention's spans; the {preset.name} preset is "
                         f"{preset.method}")
     return preset
@@ -105,7 +104,7 @@ def run(opts: GenerateOptions) -> int:
     if preset is None:
         plan = plan_for(opts, lm, saved)
     else:  # built for the longest prompt: the schedule's compute is matched at that length
-        base = _preset_saved(opts, preset, lm.name) if preset.method not in ("dense", *SCHEDULES) else None
+        base = _preset_saved(opts, preset, lm.name) if get_method(preset.method).layers == "plan" else None
         plan = preset_plan(preset, lm.name, lm.signature(), Arch.from_config(lm.config, lm.num_layers),
                            max(map(len, rows)), base, layer_types=getattr(lm.config, "layer_types", None))
         print(f"preset {preset.name}: {preset.method}" + (f" at {preset.level:g}" if preset.level else "")
@@ -114,7 +113,7 @@ def run(opts: GenerateOptions) -> int:
               + (f"; {plan.provenance['why']}" if "why" in plan.provenance else "") + ")", file=sys.stderr)
     if _spans_set(opts) and (preset is None or not plan.kind.dense):  # a preset may run dense on short prompts
         plan = with_spans(plan, opts.global_head, opts.global_tail)
-    if plan.method == "local":
+    if plan.attention is not None:
         a = plan.attention
         print(f"local attention spans: the first {a.global_keys} tokens read by every query, the last {a.tail} "
               "reading every key", file=sys.stderr)

@@ -22,8 +22,8 @@ from orthorank.errors import UserError
 from orthorank.method.cost import Arch, removal_sparsity
 from orthorank.method.plan import Plan
 from orthorank.method.policies import parse_variant
-from orthorank.method.schedules import SCHEDULES, closest_prefix, saved_prefix, schedule_plan
-from orthorank.method.registry import is_reference
+from orthorank.method.registry import get_method, is_reference
+from orthorank.method.schedules import schedule_plan
 
 PRESET_DIR = Path(__file__).resolve().parent.parent / "presets"
 PRESET_FORMAT = "orthorank-preset/1"
@@ -32,7 +32,7 @@ PRESET_FORMAT = "orthorank-preset/1"
 @dataclass(frozen=True)
 class Preset:
     name: str
-    method: str  # "dense", a schedule (SCHEDULES) or a method with saved plans whose search order gives its levels
+    method: str  # "dense", a schedule (method/schedules.py) or a method with saved plans whose search order gives its levels
     level: float | None = None
     tail: int = 0  # always-updated last tokens of the prompt (within K)
     policy: str | None = None  # a policy variant on its selection layers (method/policies.parse_variant)
@@ -99,18 +99,17 @@ def preset_plan(preset: Preset, model: str, signature: dict[str, Any], arch: Arc
     L = arch.num_layers
     removed = min(L - 1, math.ceil(preset.level * L - 1e-9))
     target = removal_sparsity(arch, prompt_len, removed)
-    if preset.method in SCHEDULES:
+    if get_method(preset.method).layers == "schedule":
         plan = schedule_plan(preset.method, model, signature, arch, target, prompt_len, layer_types=layer_types,
                              at_most_reach=True)
-        if plan.method == "local" and plan.compute_sparsity(arch, prompt_len) <= 0.0:
+        if plan.attention is not None and plan.compute_sparsity(arch, prompt_len) <= 0.0:
             return Plan("dense", [], model, signature, provenance={"preset": preset.name,
                                                                    "why": "the prompt fits local attention's window"})
     else:
         if saved is None or not saved.provenance.get("order"):
             raise UserError(f"the {preset.name} preset needs the saved {preset.method} plan of this model")
-        plan = (saved_prefix(saved, removed) if saved.method == "prune"
-                else closest_prefix(saved, arch, prompt_len, target)[0])
-    if plan.method == "local":
+        plan = saved.kind.level_prefix(saved, arch, prompt_len, removed, target)[0]
+    if plan.attention is not None:
         plan = with_spans(plan, preset.global_head, preset.global_tail)
     if plan.selection is not None:
         change = parse_variant(preset.policy) if preset.policy else {}
@@ -122,7 +121,7 @@ def preset_plan(preset: Preset, model: str, signature: dict[str, Any], arch: Arc
 
 def with_spans(plan: Plan, head: int | None = None, tail: int | None = None) -> Plan:
     """A local attention plan with other global spans (method/local_attention.py); None keeps the plan's own."""
-    if plan.method != "local":
+    if not plan.kind.global_spans:
         raise UserError(f"global spans (head, tail) belong to local attention plans, not to a {plan.method} plan")
     change = {k: int(v) for k, v in (("head", head), ("tail", tail)) if v is not None}
     return dataclasses.replace(plan, attention=dataclasses.replace(plan.attention, **change)) if change else plan

@@ -76,27 +76,54 @@ def schedule_plan(kind: str, model: str, signature: dict[str, Any], arch: Arch, 
     if kind not in SCHEDULES:
         raise UserError(f"unknown schedule {kind!r}; choose one of {', '.join(SCHEDULES)}")
     start = DEFAULT_START[kind] if start is None else start
-    L = arch.num_layers
-    first = first_layer(L, start)
-    if kind == "local":
-        return _local_plan(model, signature, arch, target, seq_len, first, start, layer_types, at_most_reach)
-    if kind == "depth":
-        sel = selection or SelectionConfig()
-        last = L - 2  # the last layer stays dense, as in every search
+    first = first_layer(arch.num_layers, start)
+    return _BUILDERS[kind](_Schedule(kind, model, signature, arch, target, seq_len, start, first), selection,
+                           layer_types, at_most_reach)
 
-        def make(x: float) -> Plan:
-            return _plan(model, signature, arch, {i: x for i in range(first, last + 1)}, sel, kind, start, target,
-                         seq_len)
-    else:
-        sel = selection or PROGRESSIVE_SELECTION
-        if not sel.progressive:
-            sel = dataclasses.replace(sel, progressive=True, bypass_kv=False)
 
-        def make(x: float) -> Plan:
-            return _plan(model, signature, arch, _ramp(first, L - 1, x), sel, kind, start, target, seq_len)
-    if first > (L - 2 if kind == "depth" else L - 1):
-        raise UserError(f"a {kind} schedule starting at layer {first} of {L} has no layer to select in")
-    return _solve(make, arch, seq_len, target, kind)
+@dataclasses.dataclass(frozen=True)
+class _Schedule:
+    """What every schedule is built from: the model, the compute target at a length, and the first layer it uses."""
+    kind: str
+    model: str
+    signature: dict[str, Any]
+    arch: Arch
+    target: float
+    seq_len: int
+    start: float
+    first: int
+
+    def ratios_plan(self, ratios: dict[int, float], selection: SelectionConfig) -> Plan:
+        return _plan(self.model, self.signature, self.arch, ratios, selection, self.kind, self.start, self.target,
+                     self.seq_len)
+
+    def solve(self, make, last: int) -> Plan:
+        if self.first > last:
+            raise UserError(f"a {self.kind} schedule starting at layer {self.first} of {self.arch.num_layers} has "
+                            "no layer to select in")
+        return _solve(make, self.arch, self.seq_len, self.target, self.kind)
+
+
+def _depth(s: _Schedule, selection: SelectionConfig | None, layer_types, at_most_reach: bool) -> Plan:
+    sel = selection or SelectionConfig()
+    last = s.arch.num_layers - 2  # the last layer stays dense, as in every search
+    return s.solve(lambda x: s.ratios_plan({i: x for i in range(s.first, last + 1)}, sel), last)
+
+
+def _progressive(s: _Schedule, selection: SelectionConfig | None, layer_types, at_most_reach: bool) -> Plan:
+    sel = selection or PROGRESSIVE_SELECTION
+    if not sel.progressive:
+        sel = dataclasses.replace(sel, progressive=True, bypass_kv=False)
+    last = s.arch.num_layers - 1
+    return s.solve(lambda x: s.ratios_plan(_ramp(s.first, last, x), sel), last)
+
+
+def _local(s: _Schedule, selection: SelectionConfig | None, layer_types, at_most_reach: bool) -> Plan:
+    return _local_plan(s.model, s.signature, s.arch, s.target, s.seq_len, s.first, s.start, layer_types,
+                       at_most_reach)
+
+
+_BUILDERS = {"depth": _depth, "progressive": _progressive, "local": _local}
 
 
 def _local_plan(model: str, signature: dict[str, Any], arch: Arch, target: float, seq_len: int, first: int,
@@ -127,21 +154,3 @@ def _plan(model: str, signature: dict[str, Any], arch: Arch, ratios: dict[int, f
                 target_sparsity=None, arch=dataclasses.asdict(arch), actions={i: round(r, 6) for i, r in ratios.items()},
                 provenance={"search": f"schedule-{kind}", "schedule": kind, "start": start,
                             "target_compute": round(target, 6), "cost_seq_len": seq_len})
-
-
-def saved_prefix(plan: Plan, n: int) -> Plan:
-    """The first n layers of a saved plan's search order (a greedy search is sequential: what it would have chosen at
-    that lower level), with its selection unchanged."""
-    layers = [int(i) for i in plan.provenance["order"][:n]]
-    provenance = {k: v for k, v in plan.provenance.items() if k not in ("measured", "matched")}
-    return dataclasses.replace(plan, layers=sorted(layers), target_sparsity=None,
-                               provenance={**provenance, "prefix_of": plan.label(), "prefix_layers": n})
-
-
-def closest_prefix(plan: Plan, arch: Arch, seq_len: int, target: float) -> tuple[Plan, float]:
-    """The prefix of a selecting plan's search order whose compute share at seq_len is closest to `target`, at the
-    plan's keep ratio, and that share."""
-    skipped = {k: saved_prefix(plan, k).compute_sparsity(arch, seq_len)
-               for k in range(1, len(plan.provenance["order"]) + 1)}
-    n = min(skipped, key=lambda k: abs(skipped[k] - target))
-    return saved_prefix(plan, n), skipped[n]

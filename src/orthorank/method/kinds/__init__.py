@@ -31,6 +31,8 @@ class PlanKind:
     removes: ClassVar[bool] = False  # some layers are removed
     per_layer: ClassVar[bool] = False  # each changed layer has its own action (a hybrid plan's "remove" or ratio)
     from_layers: ClassVar[bool] = False  # a plan of it is a list of layers (`--method KIND --layers 3,5,7`)
+    prefixes: ClassVar[bool] = False  # a saved plan's search order gives its lower levels (`level_prefix`)
+    global_spans: ClassVar[bool] = False  # its plans carry local attention's global spans (head, tail)
 
     @property
     def one_selection(self) -> bool:
@@ -63,6 +65,11 @@ class PlanKind:
 
     def apply(self, model: nn.Module, plan: Plan) -> nn.Module:
         raise NotImplementedError
+
+    def level_prefix(self, saved: Plan, arch: Arch, seq_len: int, removed: int, target: float) -> tuple[Plan, float]:
+        """The plan at a lower level, read from a saved plan's search order, and the compute share it skips at
+        seq_len: the level is pruning `removed` layers, which skips `target`. A UserError says why there is none."""
+        raise UserError(f"a {self.name} plan records no search order to read lower levels from")
 
     def label(self, plan: Plan) -> str:
         name = plan.provenance.get("search", plan.method)

@@ -16,6 +16,7 @@ from orthorank.method.local_attention import LocalAttention, mean_keys_read
 class Local(PlanKind):
     name = "local"
     own_fields = ("attention",)
+    global_spans = True
 
     def check(self, plan) -> None:
         if plan.attention is None:

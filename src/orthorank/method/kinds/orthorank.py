@@ -6,6 +6,7 @@ from __future__ import annotations
 from orthorank.method.apply import apply_orthorank
 from orthorank.method.cost import hybrid_compute_sparsity, selection_scoring_flops, selection_sparsity
 from orthorank.method.kinds import PlanKind, register
+from orthorank.method.search_order import closest_prefix
 from orthorank.method.selection import SelectionConfig
 
 
@@ -14,6 +15,7 @@ class Orthorank(PlanKind):
     name = "orthorank"
     selects = True
     from_layers = True
+    prefixes = True
 
     def check(self, plan) -> None:
         if plan.selection is None:
@@ -40,6 +42,10 @@ class Orthorank(PlanKind):
             return hybrid_compute_sparsity(arch, seq_len, 0, [sel.ratio] * len(plan.layers), scoring=scoring,
                                            pruned_keys=True)
         return selection_sparsity(arch, seq_len, len(plan.layers), sel.ratio, scoring=scoring)
+
+    def level_prefix(self, saved, arch, seq_len, removed, target):
+        """The prefix whose compute is closest to pruning's at this length, at the saved plan's ratio."""
+        return closest_prefix(saved, arch, seq_len, target)
 
     def apply(self, model, plan):
         return apply_orthorank(model, plan.layers, plan.selection)

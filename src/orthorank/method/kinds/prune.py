@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from orthorank.errors import UserError
 from orthorank.method.apply import prune_layers
 from orthorank.method.cost import removal_sparsity
 from orthorank.method.kinds import PlanKind, register
 from orthorank.method.kinds.hybrid import REMOVE
+from orthorank.method.search_order import saved_prefix
 
 
 @register
@@ -13,6 +15,7 @@ class Prune(PlanKind):
     name = "prune"
     removes = True
     from_layers = True
+    prefixes = True
 
     def removed_layers(self, plan) -> list[int]:
         return list(plan.layers)
@@ -25,6 +28,12 @@ class Prune(PlanKind):
 
     def compute_sparsity(self, plan, arch, seq_len) -> float:
         return removal_sparsity(arch, seq_len, len(plan.layers))
+
+    def level_prefix(self, saved, arch, seq_len, removed, target):
+        order = saved.provenance["order"]
+        if removed > len(order):
+            raise UserError(f"it removes {removed} layers, its saved search chose {len(order)}")
+        return saved_prefix(saved, removed), target
 
     def apply(self, model, plan):
         return prune_layers(model, plan.layers)
