@@ -81,21 +81,38 @@ def kind_string_tests(tree: ast.AST, names: set[str]) -> list[int]:
     return lines
 
 
-def flag_declarations(root: Path) -> dict[str, int]:
-    """How many places declare each long flag: the typed options' field metadata ({"flag": ...}) and each
-    `add_argument("--flag", ...)` of the CLI. One is the target: a flag written once."""
-    count: dict[str, int] = defaultdict(int)
+def flag_declarations(root: Path) -> dict[str, list[str]]:
+    """Where each long flag is declared: the typed options' fields (`flag("--x", help=...)`, or the older
+    `metadata={"flag": "--x"}`) and any `add_argument("--x", ...)` left in the CLI, each with its help text.
+    A flag is written more than once when the CLI declares it beside the options, or when two fields declare it with
+    the same help and default (a copy that belongs in a shared group); one flag with different meanings or defaults
+    in different commands (--batch-size: windows, prompts or rows) is not a copy."""
+    found: dict[str, list[str]] = defaultdict(list)
     for path in sorted(root.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "add_argument" and node.args \
-                    and isinstance(node.args[0], ast.Constant) and str(node.args[0].value).startswith("--"):
+            if not isinstance(node, ast.Call):
+                continue
+            name = getattr(node.func, "attr", None) or getattr(node.func, "id", None)
+            first = node.args[0] if node.args else None
+            if name == "add_argument" and isinstance(first, ast.Constant) and str(first.value).startswith("--"):
                 if path.relative_to(root).parts[0] == "cli":
-                    count[node.args[0].value] += 1
-            elif isinstance(node, ast.Dict):
-                for k, v in zip(node.keys, node.values):
-                    if isinstance(k, ast.Constant) and k.value == "flag" and isinstance(v, ast.Constant):
-                        count[v.value] += 1
-    return dict(count)
+                    found[first.value].append("cli")
+            elif name == "flag" and isinstance(first, ast.Constant) and str(first.value).startswith("--"):
+                said = {k.arg: ast.unparse(k.value) for k in node.keywords if k.arg in ("help", "default")}
+                found[first.value].append(f"help={said.get('help')} default={said.get('default')}")
+            elif name == "field":
+                for k in node.keywords:
+                    if k.arg == "metadata" and isinstance(k.value, ast.Dict):
+                        for key, v in zip(k.value.keys, k.value.values):
+                            if isinstance(key, ast.Constant) and key.value == "flag" and isinstance(v, ast.Constant):
+                                found[v.value].append("field")
+    return dict(found)
+
+
+def written_twice(declarations: dict[str, list[str]]) -> list[str]:
+    """Flags the CLI declares beside the options, or that two fields declare with the same help and default."""
+    return sorted(f for f, where in declarations.items()
+                  if ("cli" in where and len(where) > 1) or len(where) != len(set(where)))
 
 
 class _Imports(ast.NodeVisitor):
@@ -177,7 +194,7 @@ def measure(root: Path = ROOT) -> dict:
             "functions_over_80_lines": sorted(long_functions, key=lambda f: -f["lines"]),
             "files_over_400_lines": sorted(long_files, key=lambda f: -f["lines"]),
             "kind_string_tests": kind_tests,
-            "flags_declared_more_than_once": sorted(f for f, n in flag_declarations(root).items() if n > 1),
+            "flags_declared_more_than_once": written_twice(flag_declarations(root)),
             "unplaced": sorted(existing - set(layer_of)), "layers": [list(x) for x in LAYERS]}
 
 

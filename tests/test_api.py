@@ -10,9 +10,10 @@ import dataclasses
 import pytest
 
 from orthorank.api import JOBS, job
-from orthorank.api.options import BY_COMMAND, CompareOptions, FitRouterOptions, BenchOptions, StudyOptions
-from orthorank.cli.common import _DeprecatedAlias
-from orthorank.cli.main import COMMANDS, build_parser
+from orthorank.api.options import BY_COMMAND, CompareOptions, FitRouterOptions, BenchOptions
+from orthorank.cli.main import COMMANDS, OPTIONS, build_parser
+from orthorank.cli.parser import DeprecatedAlias
+from orthorank.study.options import StudyOptions
 
 
 def _subparsers() -> dict[str, argparse.ArgumentParser]:
@@ -35,8 +36,8 @@ def _minimal(sp: argparse.ArgumentParser) -> list[str]:
 @pytest.mark.parametrize("command", sorted(_subparsers()))
 def test_options_have_the_parsers_names_and_defaults(command):
     sp = _subparsers()[command]
-    actions = [a for a in sp._actions if not isinstance(a, (argparse._HelpAction, _DeprecatedAlias))]
-    kind = BY_COMMAND[command]
+    actions = [a for a in sp._actions if not isinstance(a, (argparse._HelpAction, DeprecatedAlias))]
+    kind = OPTIONS[command]
     assert {f.name for f in dataclasses.fields(kind)} == {a.dest for a in actions}, command
     minimal = _minimal(sp)
     namespace = sp.parse_args(minimal)
@@ -67,7 +68,7 @@ def test_options_write_the_command_line_that_parses_back_to_them(options):
 
 
 def test_every_library_job_is_one_the_cli_dispatches():
-    assert set(JOBS) <= set(COMMANDS) and set(COMMANDS) == set(BY_COMMAND)
+    assert set(JOBS) == set(BY_COMMAND) and set(COMMANDS) == set(OPTIONS) == {*BY_COMMAND, "study"}
 
 
 def test_the_study_calls_the_library_not_the_cli(monkeypatch, tmp_path):

@@ -3,13 +3,12 @@ match rules and the calibration source, each checked before a model is loaded.""
 
 from __future__ import annotations
 
-import argparse
 import math
 
 from orthorank.api.options import Options
 from orthorank.errors import UserError, number_list
 from orthorank.evaluation.data import load_calibration_part
-from orthorank.method.plan import MATCH_RULES, Plan, check_sparsity
+from orthorank.method.plan import Plan, check_sparsity
 from orthorank.method.policies import FITTED, get_policy
 from orthorank.method.selection import SelectionConfig
 from orthorank.search.calibration import DEFAULT_CALIB_TOKENS, FIRST_RACE_TOKENS, parse_mix
@@ -37,26 +36,6 @@ def parse_sparsities(text: str, search: bool = False) -> list[float]:
         if search and v == 0:
             raise UserError("--sparsity 0 changes no layer, so there is nothing to search; give values in (0, 1)")
     return sorted(set(values))
-
-
-def token_count(text: str) -> int:
-    """8K, 8k, 32768 -> tokens (K = 1024)."""
-    t = str(text).strip().lower()
-    try:
-        value = int(float(t[:-1]) * 1024) if t.endswith("k") else int(t)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a token count: {text!r} (e.g. 8K or 8192)") from None
-    if value < 2:
-        raise argparse.ArgumentTypeError(f"a calibration needs at least 2 tokens, got {text!r}")
-    return value
-
-
-def match_rules(text: str) -> list[str]:
-    rules = [r.strip() for r in text.split(",") if r.strip()]
-    bad = [r for r in rules if r not in MATCH_RULES]
-    if bad or not rules:
-        raise argparse.ArgumentTypeError(f"--match takes {', '.join(MATCH_RULES)} (comma-separated), got {text!r}")
-    return list(dict.fromkeys(rules))
 
 
 def calibration_samples(opts: Options) -> int:

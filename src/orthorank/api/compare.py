@@ -43,7 +43,7 @@ from orthorank.method.cost import Arch
 from orthorank.method.plan import Plan
 from orthorank.method.plan_store import plan_file_method
 from orthorank.method.policies import parse_variants
-from orthorank.method.registry import METHODS as _REGISTRY, is_reference
+from orthorank.method.registry import compared, is_reference
 from orthorank.models.loading import check_context
 from orthorank.presentation.compare_tables import (
     comparison_table,
@@ -58,14 +58,7 @@ from orthorank.results import atomic_write_text, check_writable, write_json
 from orthorank.search.calibration import calibration_set
 from orthorank.store import model_fingerprint
 
-# compare takes the compute-matched names; --match adds the nominal OrthoRank rows
-# every method with saved plans (a search's, or a router fitted on them), compute-matched
-
-
-# compare takes the compute-matched names; --match adds the nominal OrthoRank rows
-# every method with saved plans (a search's, or a router fitted on them), compute-matched
-METHODS = ("dense", *[n for n, m in _REGISTRY.items()
-                      if m.layers == "plan" and m.plan_kind != "dense" and m.match == "compute"])
+METHODS = ("dense", *compared())  # compute-matched names; --match adds the nominal and speed-matched OrthoRank rows
 
 
 def _split(text: str, allowed, what: str) -> list[str]:

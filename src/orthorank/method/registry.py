@@ -128,6 +128,12 @@ def saved() -> list[str]:
     return names(lambda m: m.layers == "plan" and not m.kind.dense)
 
 
+def compared() -> list[str]:
+    """Methods `compare` evaluates by name: those with saved plans matched to pruning's compute (--match adds the
+    nominal and speed-matched OrthoRank rows)."""
+    return names(lambda m: m.layers == "plan" and not m.kind.dense and m.match == "compute")
+
+
 def benched() -> list[str]:
     """Methods `bench` times: every one with layers of its own (a schedule's plan needs a model's text to choose)."""
     return names(lambda m: m.layers != "schedule")

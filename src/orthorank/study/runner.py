@@ -14,7 +14,8 @@ import torch
 from orthorank import cpu_info  # called as cpu_info.cpu_multiplies_bf16: tests patch it
 from orthorank import distributed as dist
 from orthorank.api.common import expected_model_name, load_model_from_options
-from orthorank.api.options import ModelOptions, StudyOptions
+from orthorank.api.options import ModelOptions
+from orthorank.study.options import StudyOptions
 from orthorank.errors import UserError
 from orthorank.models.loading import default_device
 from orthorank.results import atomic_write_text, environment
