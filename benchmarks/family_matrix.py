@@ -1,6 +1,6 @@
 """The family x attention implementation x check matrix (issue: reach), from the test suite itself.
 
-Runs tests/test_families.py with a JUnit report and writes a Markdown table: pass, FAIL, or n/a (the family
+Runs tests/method/test_families.py with a JUnit report and writes a Markdown table: pass, FAIL, or n/a (the family
 refuses the implementation, or the check does not run under it). One file per transformers version.
 
     .venv/bin/python benchmarks/family_matrix.py            # -> benchmarks/results/family-matrix-<transformers>.md
@@ -32,7 +32,7 @@ IMPLS = ["sdpa", "eager", "flex_attention"]
 def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "junit.xml"
-        subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_families.py",
+        subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/method/test_families.py",
                         f"--junitxml={report}"], cwd=ROOT, env={**__import__("os").environ,
                                                                "PYTHONPATH": str(ROOT / "src")})
         tree = ET.parse(report)

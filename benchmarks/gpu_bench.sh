@@ -14,7 +14,7 @@
 # Needs only torch and transformers (no pip install: runs from the source tree with PYTHONPATH=src).
 # Budget: about 7-8 minutes on an H200 (later runs are skipped when it is spent); runs that would start after GPU_BENCH_BUDGET_S seconds (default 400; the CPU smoke test: 850)
 # are skipped, and each invocation is killed at the remaining budget, so the script ends within ~8 minutes.
-# GPU_BENCH_TINY=1: a CPU smoke test with a tiny shape (used by tests/test_bench.py).
+# GPU_BENCH_TINY=1: a CPU smoke test with a tiny shape (used by tests/harness/test_bench.py).
 set -uo pipefail
 
 OUT=${1:?usage: benchmarks/gpu_bench.sh OUT_DIR}

@@ -79,14 +79,47 @@ def tiny_hf_folder(tmp_path_factory):
     return folder
 
 
+def ids_for(batch: int = 2, length: int = 24, vocab: int = 128, seed: int = 1, low: int = 1) -> torch.Tensor:
+    """Random token ids [batch, length] in [low, vocab), from their own seed."""
+    return torch.randint(low, vocab, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def prompt_ids(batch: int = 1, length: int = 40, seed: int = 3) -> torch.Tensor:
+    """The long-prompt tests' ids (no special tokens below 3): one 40-token prompt by default."""
+    return ids_for(batch, length, 128, seed, low=3)
+
+
+def model_signature(m) -> dict:
+    """What a plan records of the model it was made for."""
+    c = m.config
+    return {"model_type": c.model_type, "num_layers": c.num_hidden_layers, "hidden_size": c.hidden_size,
+            "vocab_size": c.vocab_size}
+
+
+def left_pad(rows: list[list[int]], pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows of different lengths as one left-padded batch: (ids, attention mask)."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id)
+    mask = torch.zeros(len(rows), width, dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, width - len(r):] = torch.tensor(r)
+        mask[i, width - len(r):] = 1
+    return ids, mask
+
+
 def pytest_addoption(parser):
     parser.addoption("--slow", action="store_true", help="also run tests marked slow (long fault-injection trials)")
 
 
 def pytest_collection_modifyitems(config, items):
     """Tests marked `data` read ../shared/data (or ORTHORANK_DATA_DIR); without it they are skipped, saying why.
-    Tests marked `slow` run only with --slow."""
+    Tests marked `slow` run only with --slow. Every flex_attention case is `heavy` (its kernels compile on first
+    use), so `make test-fast` leaves them to `make test`."""
     from orthorank.evaluation.data import find_data_dir
+
+    for item in items:
+        if "flex_attention" in item.name:
+            item.add_marker(pytest.mark.heavy)
 
     if not config.getoption("--slow"):
         later = pytest.mark.skip(reason="slow: run with --slow (make test-slow)")

@@ -83,7 +83,7 @@ def apply_hybrid(model: nn.Module, removed: list[int], selections: dict[int, Sel
     Indices are the original model's. Selection is installed on the layer instances first (each SelectiveLayer keeps
     its original index, as apply_orthorank gives it), then the removed layers leave the layer list and the kept ones
     are renumbered for the KV cache, as prune_layers does. The result equals removing the layers from the model and
-    then selecting tokens in the kept layers at their new positions (tests/test_hybrid.py)."""
+    then selecting tokens in the kept layers at their new positions (tests/harness/test_hybrid.py)."""
     adapter = get_adapter(model)
     restore_dense(model)
     original = adapter.layers(model)

@@ -120,7 +120,7 @@ def _window_chunks(K: int, S: int, window: int) -> list[tuple[int, int]]:
 # sized as below, the split was faster than the masked kernel on the SmolLM2, Gemma 3 and Llama-3-8B shapes
 # (SmolLM2 0.41-0.49 against 0.48-0.57 of causal) and equal within noise on Llama-2-7B's (0.49-0.64 against
 # 0.49-0.62); at 1k-2k neither won (docs/results.md). Exact either
-# way (tests/test_bench.py).
+# way (tests/harness/test_bench.py).
 SPLIT_MIN_KEYS = 4096
 # The CPU flash kernel cuts a call's query rows into blocks (>= 768 rows: blocks of 256, >= 192: 64, else 32; aten's
 # FlashAttentionKernel.cpp) and reads every K/V block once per query block: small blocks, or a last block of a few

@@ -51,8 +51,8 @@ def check_gguf(path: str | Path) -> GGUFInfo:
     if head != MAGIC:
         raise UserError(f"{path} is not a GGUF file (it does not start with the GGUF magic bytes)")
     try:
-        import gguf  # lazily: optional on a bare GPU machine (tests/test_bench.py)
-        from gguf import GGUFReader  # lazily: optional on a bare GPU machine (tests/test_bench.py)
+        import gguf  # lazily: optional on a bare GPU machine (tests/harness/test_bench.py)
+        from gguf import GGUFReader  # lazily: optional on a bare GPU machine (tests/harness/test_bench.py)
     except ImportError:
         raise UserError("loading GGUF files needs the gguf package: pip install gguf") from None
     try:

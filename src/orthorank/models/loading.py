@@ -149,7 +149,7 @@ def parse_max_memory(text: str | None, device: torch.device) -> dict[str, str] |
 
 
 def _bytes(size: str) -> int:
-    # lazily: optional on a bare GPU machine (tests/test_bench.py)
+    # lazily: optional on a bare GPU machine (tests/harness/test_bench.py)
     from accelerate.utils import convert_file_size_to_int
 
     try:
@@ -195,7 +195,7 @@ def layer_device_map(model: nn.Module, device: torch.device, max_memory: dict) -
 
 def dispatch(model: nn.Module, device: torch.device, max_memory: dict, offload_dir: str | None) -> nn.Module:
     """Spread the model over GPU, CPU and disk with accelerate, whole decoder layers at a time."""
-    from accelerate import dispatch_model  # lazily: optional on a bare GPU machine (tests/test_bench.py)
+    from accelerate import dispatch_model  # lazily: optional on a bare GPU machine (tests/harness/test_bench.py)
 
     device_map = layer_device_map(model, device, max_memory)
     if "disk" in device_map.values() and not offload_dir:

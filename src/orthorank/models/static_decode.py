@@ -10,7 +10,7 @@ Measured on the 2-core CPU of this project (docs/results.md): the static cache a
 gains about 12% at batch 1 and nothing at batch 32. Generation allocates its static cache up front for memory's
 sake (allocated_static_cache).
 
-Greedy outputs equal the eager dynamic-cache path (tests/test_static_decode.py): the same kernels up to fusion,
+Greedy outputs equal the eager dynamic-cache path (tests/method/test_static_decode.py): the same kernels up to fusion,
 whose float differences do not change an argmax in the tested cases.
 """
 

@@ -15,7 +15,7 @@ from orthorank.evaluation.data import DOMAINS, MIX_DEFAULT, load_calibration_par
 from orthorank.evaluation.perplexity import tokenize_text
 
 # Default calibration: the source and size the transfer matrix chooses by the worst evaluation domain
-# (studies/smollm2-135m/transfer/transfer.md, "Default calibration"; tests/test_study.py keeps the two equal):
+# (studies/smollm2-135m/transfer/transfer.md, "Default calibration"; tests/harness/test_study.py keeps the two equal):
 # 8K tokens of the four-domain mix, 32 windows of 256 in batches of 4, racing from the first 2K tokens.
 DEFAULT_CALIB_DATA = "mix"
 DEFAULT_CALIB_TOKENS = 8192

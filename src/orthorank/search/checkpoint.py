@@ -6,7 +6,7 @@ that decides the search's result: the model's weights, the calibration token ids
 its selection settings and screening, dtype, device type and the code version of the search modules. A rerun of the
 same command reads the finished steps, replays them (one forward pass to rebuild the cached layer inputs) and goes
 on; since every step is deterministic, the resumed search writes the same plan as an uninterrupted one
-(tests/test_resume.py). A search asked for fewer steps than are stored takes the prefix: greedy orders are nested.
+(tests/harness/test_resume.py). A search asked for fewer steps than are stored takes the prefix: greedy orders are nested.
 
 Entries: index 0 holds the dense calibration loss; index k >= 1 the k-th step (its layer, loss, evaluations and the
 search's seconds up to it, summed over every run that took part, so a plan written by a resumed search states the

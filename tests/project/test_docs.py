@@ -6,7 +6,7 @@ from pathlib import Path
 
 from orthorank.study.docs_blocks import main, sync
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_every_generated_block_equals_its_committed_file():

@@ -11,8 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import tiny_model
-from test_long_prompt import _signature, ids_for as _ids
+from conftest import model_signature, prompt_ids, tiny_model
 from orthorank.errors import UserError
 from orthorank.method.apply import apply_plan, restore_dense
 from orthorank.method.cost import Arch, removal_sparsity
@@ -24,7 +23,7 @@ ATOL = 1e-5
 
 
 def _plan(m, layers, cfg):
-    return Plan("local", layers, "tiny", _signature(m), attention=cfg,
+    return Plan("local", layers, "tiny", model_signature(m), attention=cfg,
                 arch=dataclasses.asdict(Arch.from_config(m.config, m.config.num_hidden_layers)))
 
 
@@ -85,7 +84,7 @@ def test_the_head_is_global_keys_and_changes_nothing_else():
 @pytest.mark.parametrize("family", ["llama", "qwen2", "gemma3"])
 def test_a_window_over_every_key_equals_dense(family):
     m = tiny_model(family)
-    ids = _ids()
+    ids = prompt_ids()
     dense = m(ids).logits
     types = getattr(m.config, "layer_types", None)
     layers = [i for i in range(4) if types is None or types[i] == "full_attention"]
@@ -98,7 +97,7 @@ def test_a_window_over_every_key_equals_dense(family):
 @pytest.mark.parametrize("family", ["llama", "gemma3"])
 def test_local_layers_equal_the_masked_reference_and_change_the_output(family):
     m = tiny_model(family)
-    ids = _ids(length=60)
+    ids = prompt_ids(length=60)
     cfg = LocalAttention(window=8, sinks=2, tail=6, block=8)
     types = getattr(m.config, "layer_types", None)
     layers = [i for i in (1, 2, 3) if types is None or types[i] == "full_attention"]
@@ -116,7 +115,7 @@ def test_left_padded_batches_equal_single_prompts(head):
     m = tiny_model("llama")
     cfg = LocalAttention(window=8, sinks=2, tail=6, block=8, head=head)
     apply_plan(m, _plan(m, [1, 2, 3], cfg))
-    long, short = _ids(length=50, seed=1)[0], _ids(length=33, seed=2)[0]
+    long, short = prompt_ids(length=50, seed=1)[0], prompt_ids(length=33, seed=2)[0]
     batch = torch.zeros(2, 50, dtype=torch.long)
     batch[0], batch[1, 17:] = long, short
     valid = batch != 0
@@ -133,7 +132,7 @@ def test_left_padded_batches_equal_single_prompts(head):
 def test_cached_generation_equals_the_uncached_reference():
     m = tiny_model("llama")
     cfg = LocalAttention(window=8, sinks=2, tail=6, block=8)
-    ids = _ids(length=45)
+    ids = prompt_ids(length=45)
     apply_plan(m, _plan(m, [1, 2, 3], cfg))
     out = m.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=0)
     restore_dense(m)
@@ -161,11 +160,11 @@ def test_the_local_schedule_fills_full_attention_layers_from_the_top_for_the_tar
     types = m.config.layer_types
     full = [i for i, t in enumerate(types) if t == "full_attention"]
     target = removal_sparsity(arch, 4096, 1) / 4
-    plan = schedule_plan("local", "tiny", _signature(m), arch, target, 4096, layer_types=types)
+    plan = schedule_plan("local", "tiny", model_signature(m), arch, target, 4096, layer_types=types)
     assert plan.method == "local" and set(plan.layers) <= set(full) and plan.layers == full[-len(plan.layers):]
     assert plan.compute_sparsity(arch, 4096) >= target
     with pytest.raises(UserError, match="cannot skip"):
-        schedule_plan("local", "tiny", _signature(m), arch, 0.9, 4096, layer_types=types)
+        schedule_plan("local", "tiny", model_signature(m), arch, 0.9, 4096, layer_types=types)
 
 
 def test_a_local_preset_past_its_reach_uses_every_full_attention_layer_and_a_short_prompt_runs_dense():
@@ -175,16 +174,16 @@ def test_a_local_preset_past_its_reach_uses_every_full_attention_layer_and_a_sho
     arch = Arch.from_config(m.config, 6)
     types = m.config.layer_types
     full = [i for i, t in enumerate(types) if t == "full_attention" and i >= 1]
-    most = schedule_plan("local", "tiny", _signature(m), arch, 0.9, 4096, layer_types=types, at_most_reach=True)
+    most = schedule_plan("local", "tiny", model_signature(m), arch, 0.9, 4096, layer_types=types, at_most_reach=True)
     assert most.layers == full and most.provenance["at_most_reach"]
     preset = Preset("long-prompt", "local", 0.4)
-    plan = preset_plan(preset, "tiny", _signature(m), arch, 4096, layer_types=types)
+    plan = preset_plan(preset, "tiny", model_signature(m), arch, 4096, layer_types=types)
     assert plan.method == "local" and plan.layers == full and plan.provenance["preset"] == "long-prompt"
-    short = preset_plan(preset, "tiny", _signature(m), arch, 200, layer_types=types)  # within the 256-token window
+    short = preset_plan(preset, "tiny", model_signature(m), arch, 200, layer_types=types)  # within the 256-token window
     assert short.method == "dense" and not short.layers
     measured_from = dataclasses.replace(preset, min_length=4096)  # unmeasured below: dense
-    assert preset_plan(measured_from, "tiny", _signature(m), arch, 4095, layer_types=types).method == "dense"
-    assert preset_plan(measured_from, "tiny", _signature(m), arch, 4096, layer_types=types).layers == full
+    assert preset_plan(measured_from, "tiny", model_signature(m), arch, 4095, layer_types=types).method == "dense"
+    assert preset_plan(measured_from, "tiny", model_signature(m), arch, 4096, layer_types=types).layers == full
 
 
 def test_bad_local_settings_are_one_line_errors():
@@ -197,7 +196,7 @@ def test_bad_local_settings_are_one_line_errors():
     with pytest.raises(UserError, match="sliding window"):
         apply_plan(m, _plan(m, [sliding], LocalAttention()))
     with pytest.raises(UserError, match="local plans"):
-        Plan("orthorank", [1], "tiny", _signature(m), attention=LocalAttention())
+        Plan("orthorank", [1], "tiny", model_signature(m), attention=LocalAttention())
 
 
 def test_the_frontier_adds_local_attention_at_its_reach_once():
@@ -208,7 +207,7 @@ def test_the_frontier_adds_local_attention_at_its_reach_once():
 
     m = tiny_model("gemma3", layers=6)
     full = [i for i, t in enumerate(m.config.layer_types) if t == "full_attention" and i >= 1]
-    lm = SimpleNamespace(config=m.config, num_layers=6, name="tiny", signature=lambda: _signature(m))
+    lm = SimpleNamespace(config=m.config, num_layers=6, name="tiny", signature=lambda: model_signature(m))
     logged = []
     opts = FrontierOptions(model="tiny", methods="dense,local", out="unused")
     rows = _rows(opts, lm, 4096, [0.3, 0.6, 0.9], logged.append)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from cli_helpers import assert_user_error
-from conftest import tiny_model
+from conftest import model_signature, prompt_ids, tiny_model
 from orthorank.errors import UserError
 from orthorank.evaluation import frontier
 from orthorank.method import SelectionConfig, apply_orthorank
@@ -25,18 +25,12 @@ from orthorank.method.schedules import PROGRESSIVE_SELECTION, schedule_plan
 ATOL = 1e-5
 
 
-def ids_for(batch=1, length=40, vocab=128, seed=3):
-    return torch.randint(3, vocab, (batch, length), generator=torch.Generator().manual_seed(seed))
 
 
-def _signature(m):
-    c = m.config
-    return {"model_type": c.model_type, "num_layers": c.num_hidden_layers, "hidden_size": c.hidden_size,
-            "vocab_size": c.vocab_size}
 
 
 def _hybrid(m, ratios: dict[int, float], selection: SelectionConfig) -> Plan:
-    return Plan("hybrid", sorted(ratios), "tiny", _signature(m), selection=selection, actions=dict(ratios),
+    return Plan("hybrid", sorted(ratios), "tiny", model_signature(m), selection=selection, actions=dict(ratios),
                 arch=dataclasses.asdict(Arch.from_config(m.config, m.config.num_hidden_layers)))
 
 
@@ -45,7 +39,7 @@ def _hybrid(m, ratios: dict[int, float], selection: SelectionConfig) -> Plan:
 @pytest.mark.parametrize("family", ["llama", "qwen2", "gemma3"])
 def test_progressive_pruning_that_prunes_nothing_equals_dense(family):
     m = tiny_model(family)
-    ids = ids_for()
+    ids = prompt_ids()
     dense = m(ids).logits
     apply_orthorank(m, [1, 2, 3], dataclasses.replace(PROGRESSIVE_SELECTION, ratio=1.0))
     assert torch.allclose(m(ids).logits, dense, atol=ATOL)
@@ -53,7 +47,7 @@ def test_progressive_pruning_that_prunes_nothing_equals_dense(family):
 
 def test_progressive_keep_sets_are_nested_and_the_last_token_always_kept():
     m = tiny_model("llama", layers=6)
-    ids = ids_for(length=48)
+    ids = prompt_ids(length=48)
     plan = _hybrid(m, {2: 0.8, 3: 0.6, 4: 0.4, 5: 0.3}, PROGRESSIVE_SELECTION)
     apply_plan(m, plan)
     m(ids, use_cache=False)
@@ -71,7 +65,7 @@ def test_progressive_gathered_keys_equal_masking_the_pruned_keys(family, sink_vi
     through the causal kernel (the kept queries plus the visible sink laid out as a causal square) and through the
     general masked call."""
     m = tiny_model(family, layers=5)
-    ids = ids_for(length=64)
+    ids = prompt_ids(length=64)
     plan = _hybrid(m, {1: 0.7, 2: 0.5, 3: 0.5, 4: 0.3},
                    dataclasses.replace(PROGRESSIVE_SELECTION, sink_kv_visible=sink_visible))
     calls, causal = [], []
@@ -105,7 +99,7 @@ def test_progressive_gathered_keys_equal_masking_the_pruned_keys(family, sink_vi
 
 def test_progressive_cached_generation_sees_every_token_and_equals_uncached_first_token():
     m = tiny_model("llama", layers=4)
-    ids = ids_for(length=40)
+    ids = prompt_ids(length=40)
     apply_plan(m, _hybrid(m, {1: 0.6, 2: 0.4, 3: 0.3}, PROGRESSIVE_SELECTION))
     out = m(ids, use_cache=True)
     cache = out.past_key_values
@@ -125,7 +119,7 @@ def test_pruned_keys_cost_less_attention_and_the_attention_window_costs_its_quer
     arch = Arch(num_layers=30, hidden=576, heads=9, kv_heads=3, head_dim=64, ffn=1536, vocab=49152)
     m = tiny_model("llama", layers=4)
     sel = dataclasses.replace(PROGRESSIVE_SELECTION, ratio=1.0)
-    masked = Plan("orthorank", [1, 2], "tiny", _signature(m), selection=dataclasses.replace(sel, ratio=0.5,
+    masked = Plan("orthorank", [1, 2], "tiny", model_signature(m), selection=dataclasses.replace(sel, ratio=0.5,
                   progressive=False), arch=dataclasses.asdict(arch))
     pruned = dataclasses.replace(masked, selection=dataclasses.replace(sel, ratio=0.5))
     for T in (512, 8192):
@@ -171,11 +165,11 @@ def test_schedules_skip_the_target_compute_and_keep_early_layers_dense(kind, seq
 
 def test_the_tail_modifier_never_changes_compute_or_the_number_updated():
     m = tiny_model("llama", layers=4)
-    ids = ids_for(length=40)
+    ids = prompt_ids(length=40)
     arch = dataclasses.asdict(Arch.from_config(m.config, 4))
     counts = {}
     for w in (0, 8, 40):
-        plan = Plan("orthorank", [1, 2], "tiny", _signature(m), selection=SelectionConfig(ratio=0.3, keep_recent=w),
+        plan = Plan("orthorank", [1, 2], "tiny", model_signature(m), selection=SelectionConfig(ratio=0.3, keep_recent=w),
                     arch=arch)
         counts[w] = plan.compute_sparsity(seq_len=40)
         apply_plan(m, plan)
@@ -192,7 +186,7 @@ def test_the_tail_modifier_never_changes_compute_or_the_number_updated():
 def test_question_scored_selection_with_the_tail_equal_to_the_prompt_equals_dense(family):
     """The observation window and the always-updated tail both the whole prompt, with K covering it: dense."""
     m = tiny_model(family)
-    ids = ids_for(length=32)
+    ids = prompt_ids(length=32)
     dense = m(ids).logits
     apply_orthorank(m, [1, 2], SelectionConfig(ratio=1.0, policy="attention", attention_window=32, keep_recent=32))
     assert torch.allclose(m(ids).logits, dense, atol=ATOL)
@@ -209,7 +203,7 @@ def test_attention_window_modifier_parses_and_belongs_to_attention_policies():
 def test_attention_window_one_ranks_by_the_last_token_alone():
     """Reference: the dense model's own attention of the last query (eager), the sink last."""
     m = tiny_model("llama", attn="eager")
-    ids = ids_for(length=40, seed=9)
+    ids = prompt_ids(length=40, seed=9)
     probs = m(ids, output_attentions=True).attentions[2][0, :, -1, :].sum(0)  # [T]
     probs[0] = -1.0
     expected = sorted(torch.argsort(probs, descending=True)[:10].tolist())
@@ -519,7 +513,7 @@ def test_stop_after_loss_leaves_out_the_levels_above_a_loss(monkeypatch):
     from orthorank.evaluation.longctx import Row
 
     m = tiny_model("llama")
-    dense = Plan("dense", [], "tiny", _signature(m))
+    dense = Plan("dense", [], "tiny", model_signature(m))
     rows = [Row("dense", "dense", None, dense)] + [Row(f"{meth} {s:g}", meth, s, dense)
                                                    for meth in ("sleb", "local") for s in (0.05, 0.1, 0.2)]
     right = [1.0] * 10 + [0.0] * 10
@@ -598,10 +592,10 @@ def test_a_preset_records_where_it_was_chosen_and_runs_dense_elsewhere(tmp_path)
     arch = Arch.from_config(m.config, 6)
     preset = Preset("long-prompt", "local", 0.4, min_length=512, global_head=32, global_tail=16,
                     models=["tiny"], max_length=1024)
-    plan = preset_plan(preset, "tiny", _signature(m), arch, 1024)
+    plan = preset_plan(preset, "tiny", model_signature(m), arch, 1024)
     assert plan.method == "local" and plan.attention.head == 32 and plan.attention.tail == 16
-    assert preset_plan(preset, "other", _signature(m), arch, 1024).method == "dense"  # not chosen on it
-    assert preset_plan(preset, "tiny", _signature(m), arch, 4096).method == "dense"  # not measured there
+    assert preset_plan(preset, "other", model_signature(m), arch, 1024).method == "dense"  # not chosen on it
+    assert preset_plan(preset, "tiny", model_signature(m), arch, 4096).method == "dense"  # not measured there
     for bad in ({"models": "tiny"}, {"max_length": "8k"}, {"global_head": -1}):
         data = {**Preset("p", "local", 0.4).to_dict(), **bad}
         with pytest.raises(UserError, match="malformed"):

@@ -318,7 +318,7 @@ print(json.dumps(fill(ns, range(24), compute, chunk=2)))
 
 
 def test_two_processes_on_one_store_split_the_work_and_agree(tmp_path):
-    src = str(Path(__file__).resolve().parents[1] / "src")
+    src = str(Path(__file__).resolve().parents[2] / "src")
     script = tmp_path / "worker.py"
     script.write_text(_CONCURRENT)
     procs = [subprocess.Popen([sys.executable, str(script), src, str(tmp_path / "store"), str(tmp_path / f"log{k}")],

@@ -14,7 +14,7 @@ from orthorank.evaluation.noninferiority import (
     RULE, PairedCounts, decide, decide_from_summary, items_for_power, paired_difference,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _pairs(both: int, only_dense: int, only_setting: int, neither: int) -> tuple[list[int], list[int]]:

@@ -61,7 +61,7 @@ def test_peak_meter_sees_an_allocation_after_start():
         "from orthorank.peak_memory import PeakMeter;"
         "m = PeakMeter('cpu').start(); b = torch.ones(64 * 2**20 // 4); b.add_(1);"
         "print(json.dumps(m.to_dict()))")
-    src = str(Path(__file__).resolve().parents[1] / "src")
+    src = str(Path(__file__).resolve().parents[2] / "src")
     out = subprocess.run([sys.executable, "-c", code, src], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     d = json.loads(out.stdout.strip().splitlines()[-1])

@@ -25,7 +25,7 @@ from orthorank.method.layer import SelectiveLayer
 from orthorank.method.selection import keep_to_indices, tokens_to_keep, top_k_indices, topk_keep_mask
 from orthorank.models.shapes import shape_config
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ATOL = 1e-5
 
 

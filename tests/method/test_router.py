@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from cli_helpers import assert_user_error
-from conftest import tiny_model
+from conftest import ids_for, left_pad, tiny_model
 from orthorank.errors import UserError
 from orthorank.method import SelectionConfig, apply_orthorank
 from orthorank.method.apply import restore_dense, selective
@@ -24,8 +24,6 @@ from orthorank.search.router_fit import FitSettings, fit_router
 SIG = {"model_type": "llama", "num_layers": 4, "hidden_size": 64, "vocab_size": 128}
 
 
-def ids_for(batch=2, length=24, vocab=128, seed=1):
-    return torch.randint(1, vocab, (batch, length), generator=torch.Generator().manual_seed(seed))
 
 
 def _bits(values) -> list[int]:
@@ -212,6 +210,7 @@ def _sleb_and_orthorank_plans(capsys, folder):
 
 
 @pytest.mark.data
+@pytest.mark.heavy
 def test_fit_router_and_a_search_under_the_router_end_to_end(tiny_hf_folder, tmp_path, monkeypatch, capsys):
     """fit-router on a searched plan (compute re-matched to SLEB's, router FLOPs counted), a router bank for every
     inner layer, the greedy layer search under it, and compare with the router row against SLEB."""
@@ -331,13 +330,12 @@ def test_a_killed_fit_resumes_after_its_last_finished_pass(tmp_path):
 def test_router_left_padded_batches_and_cached_generation_equal_single_rows():
     """The router's position feature counts from each row's sink, so padding and batch-mates change nothing; and
     cached generation under the threshold decode policy runs with it."""
-    from test_method import _left_pad
 
     m = tiny_model()
     state = random_router([1, 2], 64, seed=4)
     apply_orthorank(m, [1, 2], SelectionConfig(ratio=0.33, policy="router", fitted=state))
     rows = [ids_for(1, 20, seed=3)[0].tolist(), ids_for(1, 13, seed=4)[0].tolist(), ids_for(1, 7, seed=5)[0].tolist()]
-    ids, mask = _left_pad(rows)
+    ids, mask = left_pad(rows)
     pos = (mask.cumsum(1) - 1).clamp_min(0)
     batched = m(ids, attention_mask=mask, position_ids=pos).logits
     for i, r in enumerate(rows):
@@ -351,6 +349,7 @@ def test_router_left_padded_batches_and_cached_generation_equal_single_rows():
     restore_dense(m)
 
 
+@pytest.mark.heavy
 def test_fit_router_keeps_the_paper_rule_when_no_router_beats_it(tiny_hf_folder, tmp_path, monkeypatch, capsys):
     """A fit whose best router loses to the paper's rule on the held-out calibration windows writes the paper's rule,
     re-matched with its own scoring cost to the same compute, and says so; --always-route writes the router."""

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from cli_helpers import assert_user_error
-from conftest import tiny_model
+from conftest import ids_for, tiny_model
 from orthorank.errors import UserError
 from orthorank.method import SelectionConfig, apply_orthorank
 from orthorank.method.apply import selective
@@ -21,8 +21,6 @@ from orthorank.method.router import constant_router, random_router
 ATOL = 1e-5
 
 
-def ids_for(batch=2, length=24, vocab=128, seed=1):
-    return torch.randint(1, vocab, (batch, length), generator=torch.Generator().manual_seed(seed))
 
 
 def test_registry_refuses_unknown_policies_with_the_list():

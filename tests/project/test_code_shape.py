@@ -7,7 +7,7 @@ import importlib.util
 from pathlib import Path
 
 _SPEC = importlib.util.spec_from_file_location(
-    "code_shape", Path(__file__).resolve().parents[1] / "benchmarks" / "code_shape.py")
+    "code_shape", Path(__file__).resolve().parents[2] / "benchmarks" / "code_shape.py")
 code_shape = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(code_shape)
 

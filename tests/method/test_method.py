@@ -7,7 +7,7 @@ import torch
 
 from orthorank.method.apply import selective
 
-from conftest import tiny_model
+from conftest import ids_for, left_pad, tiny_model
 from orthorank.errors import UserError
 from orthorank.method import SelectionConfig, apply_orthorank, prune_layers, restore_dense
 from orthorank.method.selection import keep_to_indices, tokens_to_keep, topk_keep_mask
@@ -15,9 +15,6 @@ from orthorank.method.selection import keep_to_indices, tokens_to_keep, topk_kee
 ATOL = 1e-5
 
 
-def ids_for(batch=2, length=24, vocab=128, seed=1):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(1, vocab, (batch, length), generator=g)
 
 
 @pytest.mark.parametrize("family", ["llama", "mistral", "qwen2"])
@@ -89,14 +86,6 @@ def test_ceil_rounding():
     assert tokens_to_keep(torch.tensor([100, 1, 3, 2048]), 0.33).tolist() == [33, 1, 1, 676]
 
 
-def _left_pad(rows, pad_id=0):
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad_id)
-    mask = torch.zeros(len(rows), width, dtype=torch.long)
-    for i, r in enumerate(rows):
-        ids[i, width - len(r):] = torch.tensor(r)
-        mask[i, width - len(r):] = 1
-    return ids, mask
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
@@ -104,7 +93,7 @@ def test_left_padded_batch_equals_single_rows(family):
     m = tiny_model(family)
     apply_orthorank(m, [1, 2], SelectionConfig(ratio=0.33))
     rows = [ids_for(1, 20, seed=3)[0].tolist(), ids_for(1, 13, seed=4)[0].tolist(), ids_for(1, 7, seed=5)[0].tolist()]
-    ids, mask = _left_pad(rows)
+    ids, mask = left_pad(rows)
     pos = (mask.cumsum(1) - 1).clamp_min(0)
     batched = m(ids, attention_mask=mask, position_ids=pos).logits
     for i, r in enumerate(rows):
@@ -116,7 +105,7 @@ def test_left_padded_generation_equals_single_rows():
     m = tiny_model()
     apply_orthorank(m, [1, 2], SelectionConfig(ratio=0.33))
     rows = [ids_for(1, 16, seed=6)[0].tolist(), ids_for(1, 9, seed=7)[0].tolist()]
-    ids, mask = _left_pad(rows)
+    ids, mask = left_pad(rows)
     batched = m.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0)
     for i, r in enumerate(rows):
         single = m.generate(torch.tensor([r]), max_new_tokens=6, do_sample=False, pad_token_id=0)

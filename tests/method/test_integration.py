@@ -70,7 +70,7 @@ def test_committed_plan_keeps_the_models_own_behaviour(embedded):
               return_tensors="pt").input_ids
     keys = list(model.state_dict())
     dense = model(ids, output_hidden_states=True).hidden_states
-    plan = Plan.load(Path(__file__).resolve().parents[1] / "plans/smollm2-135m/orthorank-0.2.json")
+    plan = Plan.load(Path(__file__).resolve().parents[2] / "plans/smollm2-135m/orthorank-0.2.json")
     fired = []
     handle = model.model.layers[plan.layers[0]].register_forward_hook(lambda *a: fired.append(1))
     try:

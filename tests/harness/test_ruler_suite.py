@@ -47,7 +47,7 @@ class ChatTokenizer(WordTokenizer):
         return "<s> <|user|>\n" + messages[0]["content"].strip() + " <|end|>\n<|assistant|>\n"
 
 
-def _pools():  # as tests/test_longctx.py: the digests below were taken on these pools
+def _pools():  # as tests/harness/test_longctx.py: the digests below were taken on these pools
     rng = random.Random(0)
     words = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(4, 9))) for _ in range(3000)]
     sents = [" ".join(rng.choice(words) for _ in range(8)).capitalize() + "." for _ in range(400)]

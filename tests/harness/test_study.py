@@ -307,7 +307,7 @@ def test_calibrate_default_is_the_calibration_the_transfer_matrix_chooses():
     from orthorank.search.calibration import DEFAULT_CALIB_DATA, DEFAULT_CALIB_TOKENS
     from orthorank.study.budgets import ISSUE_SETTINGS
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     matrix = json.loads((root / "studies" / "smollm2-135m" / "transfer" / "transfer.json").read_text())
     chosen = next(s for s in ISSUE_SETTINGS if s.name == matrix["default_calibration"]["chosen"])
     assert (DEFAULT_CALIB_DATA, DEFAULT_CALIB_TOKENS) == (chosen.source, chosen.tokens)
@@ -347,7 +347,7 @@ def test_study_costs_sum_the_stage_seconds_and_each_search_once(tmp_path):
     optional stages named but not counted (their last run resumed earlier ones)."""
     import importlib.util
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     spec = importlib.util.spec_from_file_location("study_time", root / "benchmarks" / "study_time.py")
     study_time = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(study_time)
@@ -389,7 +389,7 @@ def test_router_stage_routes_a_hybrid_plan_that_removes_layers_at_sleb_compute(t
                        tmp_path)
     ctx.plans_dir.mkdir(parents=True)
     for name in ("hybrid-0.1.json", "hybrid-0.2.json"):  # 0.1 selects only, 0.2 removes layers too
-        shutil.copy(Path(__file__).resolve().parents[1] / "plans" / "gemma3-270m" / name, ctx.plans_dir / name)
+        shutil.copy(Path(__file__).resolve().parents[2] / "plans" / "gemma3-270m" / name, ctx.plans_dir / name)
     calls = _router_calls(ctx)
     fits = [c for c in calls if c.command == "fit-router"]
     hybrid_fits = [c for c in fits if "router-hybrid" in c.json_out]
