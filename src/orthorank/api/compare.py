@@ -43,7 +43,7 @@ from orthorank.method.cost import Arch
 from orthorank.method.plan import Plan
 from orthorank.method.plan_store import plan_file_method
 from orthorank.method.policies import parse_variants
-from orthorank.method.registry import compared, is_reference
+from orthorank.method.registry import compared, get_method, is_reference
 from orthorank.models.loading import check_context
 from orthorank.presentation.compare_tables import (
     comparison_table,
@@ -135,7 +135,7 @@ def _check_saved_plans(opts: CompareOptions, methods: list[str], sparsities: lis
     """Every plan the rows need, found and read before the model loads."""
     model_name = expected_model_name(opts.model)
     for method in methods:
-        if method != "dense":
+        if not is_reference(method):
             for s in sparsities:
                 saved_plan_file(model_name, plan_file_method(method, opts.match), s, opts.plans_dir)
 
@@ -145,7 +145,7 @@ def build_rows(lm, methods: list[str], sparsities: list[float], ablations: bool,
                policies: list[str] | None = None) -> list[Row]:
     rows: list[Row] = []
     for method in methods:
-        if method == "dense":
+        if is_reference(method):
             rows.append(Row("dense", 0.0, Plan("dense", [], lm.name, lm.signature())))
             continue
         label = plan_file_method(method, match)
@@ -153,7 +153,7 @@ def build_rows(lm, methods: list[str], sparsities: list[float], ablations: bool,
             plan = Plan.load(saved_plan_file(lm.name, label, s, plans_dir, check=False))
             plan.check_model(lm.name, lm.signature())
             rows.append(Row(label, s, plan))
-            if ablations and method == "orthorank" and (ablation_levels is None or s in ablation_levels):
+            if ablations and get_method(method).ablations and (ablation_levels is None or s in ablation_levels):
                 rows += [Row(name.replace("orthorank", label, 1), s, variant) for name, variant in ablation_plans(plan)]
             if policies and plan.selection_layers and (ablation_levels is None or s in ablation_levels):
                 rows += [Row(f"{label} (policy {spec})", s, variant)

@@ -90,7 +90,7 @@ def span_rows(rows: list[Row], spans: list[tuple[int, int]]) -> list[Row]:
     equal to the row's own spans is the row itself and is not repeated."""
     out = []
     for r in rows:
-        if r.plan.method != "local" or r.variant is not None or r.method.startswith("preset:"):
+        if r.plan.attention is None or r.variant is not None or r.method.startswith("preset:"):
             continue
         for head, tail in spans:
             cfg = dataclasses.replace(r.plan.attention, head=head, tail=tail)

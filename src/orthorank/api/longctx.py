@@ -56,7 +56,7 @@ def _rows(opts: LongInputOptions, lm) -> list[Row]:
     rows = []
     for name in methods:
         method = get_method(name, ["dense", *saved()])
-        if method.plan_kind == "dense":
+        if method.kind.dense:
             rows.append(Row("dense", "dense", None, Plan("dense", [], lm.name, lm.signature())))
             continue
         plan = Plan.load(_plan_path(opts, lm.name, method.plan_label, check=False))
@@ -78,7 +78,7 @@ def _check_saved_plans(opts: LongInputOptions) -> None:
     """Missing plans and bad --policies or --decode-modes fail before the model loads."""
     for name in (m.strip() for m in opts.methods.split(",") if m.strip()):
         method = get_method(name, ["dense", *saved()])
-        if method.plan_kind != "dense":
+        if not method.kind.dense:
             _plan_path(opts, expected_model_name(opts.model), method.plan_label)
     _variants(opts)
     _decodes(opts)

@@ -28,6 +28,7 @@ class Method:
     # "plan" (saved plan from the search), "schedule" (method/schedules.py, from depth alone), "spread" (evenly
     # spread: speed only), "none"
     layers: str = "plan"
+    ablations: bool = False  # compare --ablations adds the paper's ablation rows (random, inverse, raw, no K/V) to it
 
     @property
     def kind(self) -> PlanKind:
@@ -51,7 +52,7 @@ class Method:
 METHODS: dict[str, Method] = {m.name: m for m in (
     Method("dense", "dense", "the unchanged model", layers="none"),
     Method("orthorank", "orthorank", "Shin et al. 2025 (SLEB-style greedy layer choice), compute-matched",
-           search="orthorank"),
+           search="orthorank", ablations=True),
     Method("orthorank-nominal", "orthorank", "Shin et al. 2025, layer count by the paper's nominal sparsity",
            search="orthorank", match="nominal"),
     Method("orthorank-speed", "orthorank", "Shin et al. 2025, keep ratio matched to pruning's measured prefill "
