@@ -202,7 +202,7 @@ def test_bad_local_settings_are_one_line_errors():
 def test_the_frontier_adds_local_attention_at_its_reach_once():
     from types import SimpleNamespace
 
-    from orthorank.api.frontier import _rows
+    from orthorank.api.frontier_rows import level_rows as _rows
     from orthorank.api.options import FrontierOptions
 
     m = tiny_model("gemma3", layers=6)
