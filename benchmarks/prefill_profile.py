@@ -22,7 +22,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from orthorank.bench.runner import PROFILE_CATEGORIES, method_specs, profile_families, random_ids  # noqa: E402
+from orthorank.bench.layer_mode import PROFILE_CATEGORIES, profile_families  # noqa: E402
+from orthorank.bench.specs import method_specs  # noqa: E402
+from orthorank.runtime.timing import random_ids  # noqa: E402
 from orthorank.method.apply import restore_dense  # noqa: E402
 from orthorank.method.cost import Arch  # noqa: E402
 from orthorank.method.selection import SelectionConfig  # noqa: E402

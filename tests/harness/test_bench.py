@@ -154,7 +154,7 @@ def test_bench_cli_prefill_decode_layer(tmp_path):
     assert table.count("\n| smollm2-135m-shape (4 layers) |") == 6 and "| smollm2-135m-shape | CPU" in table
 
 def test_layer_profile_sorts_operators_into_families(tmp_path, capsys):
-    from orthorank.bench.runner import profile_category
+    from orthorank.bench.layer_mode import profile_category
 
     assert profile_category("aten::_scaled_dot_product_flash_attention_for_cpu") == "attention kernel"
     assert profile_category("aten::addmm") == profile_category("aten::mm") == "matmul"
@@ -429,7 +429,7 @@ def test_gpu_script_tiny(tmp_path):
 def test_spread_hybrid_for_speed_measurements(tmp_path):
     """spread-hybrid (random shapes, no calibration): half of removal's layers removed, selection layers making up
     the other half's compute; timed beside dense, removal and OrthoRank, with its ideal speed-up."""
-    from orthorank.bench.runner import spread_hybrid_layers
+    from orthorank.bench.specs import spread_hybrid_layers
     from orthorank.method.cost import Arch, removal_sparsity, hybrid_compute_sparsity
 
     cfg = shape_config("llama2-7b")

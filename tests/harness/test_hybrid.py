@@ -672,7 +672,7 @@ def test_calibrate_orthorank_ratios_cli(tiny_hf_folder, tmp_path, capsys):
 def test_bench_times_a_hybrid_plan_with_per_layer_ratios(tiny_hf_folder, tmp_path):
     """bench times a saved hybrid plan as it runs (its removals, each selection layer at its own keep ratio: the
     model under the bench's spec gives the plan's own output) and counts its compute from the per-layer ratios."""
-    from orthorank.bench.runner import method_specs
+    from orthorank.bench.specs import method_specs
     from orthorank.method.cost import hybrid_compute_sparsity
     from orthorank.models.loading import load_model
 

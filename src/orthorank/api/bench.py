@@ -16,7 +16,9 @@ import torch
 from orthorank.api.common import check_memory, load_model_from_options, selection_from_options
 from orthorank.api.options import BenchOptions
 from orthorank.bench.report import format_run
-from orthorank.bench.runner import MODES, RunSettings, method_specs, run_layer, run_methods
+from orthorank.bench.layer_mode import run_layer
+from orthorank.bench.runner import MODES, RunSettings, run_methods
+from orthorank.bench.specs import method_specs
 from orthorank.errors import UserError
 from orthorank.method.cost import Arch
 from orthorank.method.plan import Plan, check_sparsity, parse_layers
