@@ -349,6 +349,7 @@ def test_router_left_padded_batches_and_cached_generation_equal_single_rows():
     restore_dense(m)
 
 
+@pytest.mark.data  # fits on calibration text from ../shared/data
 @pytest.mark.heavy
 def test_fit_router_keeps_the_paper_rule_when_no_router_beats_it(tiny_hf_folder, tmp_path, monkeypatch, capsys):
     """A fit whose best router loses to the paper's rule on the held-out calibration windows writes the paper's rule,
