@@ -44,7 +44,7 @@ def test_every_module_a_stored_result_is_keyed_by_exists():
 
 
 # Issue 56 lands in steps; each step may only lower these (the target is 0, 0 and 0: see docs/design.md).
-MOST_KIND_STRING_TESTS = 14
+MOST_KIND_STRING_TESTS = 13
 MOST_FLAGS_DECLARED_TWICE = 0
 MOST_FILES_OVER_400_LINES = 2
 

@@ -62,7 +62,7 @@ def _rows(opts: LongInputOptions, lm) -> list[Row]:
         plan = Plan.load(_plan_path(opts, lm.name, method.plan_label, check=False))
         plan.check_model(lm.name, lm.signature())
         label = f"{name} {sparsity_label(opts.sparsity)}"
-        if plan.method == "orthorank":
+        if plan.kind.one_selection:  # decode policies apply where one selection runs every selecting layer
             rows += [Row(f"{label} ({d} decode)", name, opts.sparsity, plan, d) for d in decodes]
             for spec, (_, variant) in zip(policies, policy_plans(plan, policies)):
                 rows += [Row(f"{label} [{spec}] ({d} decode)", name, opts.sparsity, variant, d, spec)
