@@ -391,7 +391,11 @@ def test_the_frontier_summary_judges_the_bar_from_the_interval(tmp_path):
     out = tmp_path / "summary.md"
     assert main([str(f), "--out", str(out)]) == 0
     text = out.read_text()
-    assert f"| m | 8192 | {tmp_path.name} | local | 1.400 [1.350, 1.450]x | local 0.2 | above |" in text
+    assert f"| m | 8192 | {tmp_path.name} | 20 (12) | local | 1.400 [1.350, 1.450]x | local 0.2 | - | above |" in text
+    head = tmp_path / "headline.md"
+    assert main([str(f), "--headline", str(head), "--preset", "", "--headline-runs", "/suite/"]) == 2  # none match
+    assert main([str(f), "--headline", str(head), "--preset", "", "--headline-runs", tmp_path.name]) == 0
+    assert "| 20 (12) | local |" in head.read_text()
     assert "| sleb | none | - | - | - | - | sleb 0.1: -30.0 [-40.0, -20.0] |" in text
     f.write_text(json.dumps({"model": "m", "complete": False, "lengths": {}}))
     assert main([str(f)]) == 2

@@ -124,16 +124,22 @@ def summarize(files: dict[str, dict[str, Any]], bar: float) -> str:
             out += ["| " + " | ".join(r) + " |" for r in rows]
             out.append("")
             free = {f: b for f, b in entry["free_speedups"].items() if b is not None}
+            solved = f"{items} ({round(dense['score']['mean'] * items / 100)})"
             if free:
                 f, b = max(free.items(), key=lambda kv: kv[1]["speedup"]["value"])
-                best_rows.append([data["model"], length, run, f, f"{_iv(b['speedup'])}x", b["point"],
+                point = next(p for p in entry["points"] if p["name"] == b["point"])
+                v = point.get("verdict") or point["score"].get("verdict") or {}
+                pairs = f"{v['only_dense']} / {v['only_setting']}" if "only_dense" in v else "-"
+                best_rows.append([data["model"], length, run, solved, f, f"{_iv(b['speedup'])}x", b["point"], pairs,
                                   bar_verdict(b["speedup"], bar)])
             else:
-                best_rows.append([data["model"], length, run, "none", "-", "-", "no point passes the rule"])
+                best_rows.append([data["model"], length, run, solved, "none", "-", "-", "-",
+                                  "no point passes the rule"])
     head = [f"Best non-inferior speed-up per model and length, against the {bar:g}x bar (above / below: the whole 95% "
             "interval; not decided: the interval straddles it)", "",
-            "| model | length | run | best setting | speed-up [95% CI] | at | vs the bar |",
-            "|---|---|---|---|---|---|---|"]
+            "| model | length | run | items (dense solves) | best setting | speed-up [95% CI] | at | "
+            "items only dense / only it solves | vs the bar |",
+            "|---|---|---|---|---|---|---|---|---|"]
     head += ["| " + " | ".join(r) + " |" for r in best_rows]
     return "\n".join(head + [""] + out).rstrip() + "\n"
 
@@ -147,6 +153,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--headline", default=None, metavar="FILE",
                    help="also write the README's lines here: the best table and the shipped preset (--preset)")
     p.add_argument("--preset", default="src/orthorank/presets/long-prompt.json", help="that preset file")
+    p.add_argument("--headline-runs", default=None, metavar="TEXT",
+                   help="the headline covers only the frontier files whose path contains TEXT (e.g. /suite/: the "
+                        "runs large enough for the rule); the summary covers all")
     args = p.parse_args(argv)
     try:
         files = {}
@@ -158,7 +167,10 @@ def main(argv: list[str] | None = None) -> int:
         text = summarize(files, args.bar)
         if args.headline:
             preset = json.loads(Path(args.preset).read_text()) if args.preset else None
-            atomic_write_text(Path(args.headline), headline(files, args.bar, preset))
+            chosen = {f: d for f, d in files.items() if args.headline_runs is None or args.headline_runs in f}
+            if not chosen:
+                raise UserError(f"--headline-runs {args.headline_runs}: no frontier file's path contains it")
+            atomic_write_text(Path(args.headline), headline(chosen, args.bar, preset))
     except (OSError, json.JSONDecodeError, KeyError, UserError) as exc:
         print(f"frontier_summary: error: {exc}", file=sys.stderr)
         return 2

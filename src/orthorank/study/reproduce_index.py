@@ -26,14 +26,15 @@ SCRIPTS = {"studies/router/summary.md": "studies/router/evidence.sh, extra.sh, s
                                              "orthorank.study.frontier_summary studies/long-prompt/*/*/frontier.json "
                                              "studies/long-prompt/preset-check/*/*/frontier.json "
                                              "studies/long-prompt/suite/calibration/*/*/frontier.json "
+                                             "studies/long-prompt/suite/check/*/*/frontier.json "
                                              "--out studies/long-prompt/summary.md --headline "
-                                             "studies/long-prompt/headline.md",
+                                             "studies/long-prompt/headline.md --headline-runs /suite/",
            "studies/long-prompt/speed/sliding-prefill-gemma3-270m.md": "benchmarks/sliding_prefill.py --model "
                "gemma3-270m --lengths 4096,8192 --rounds 5 --threads 1 --out "
                "studies/long-prompt/speed/sliding-prefill-gemma3-270m.json, then --render that file --md this one",
            "studies/long-prompt/headline.md": "python -m orthorank.study.relabel (older frontier files), then the "
                                               "frontier_summary command above with --headline "
-                                              "studies/long-prompt/headline.md"}
+                                              "studies/long-prompt/headline.md --headline-runs /suite/"}
 
 # result JSONs a block's Markdown may sit beside, first match wins
 _SIBLINGS = ("{stem}.json", "compare.json", "longctx.json", "study.json", "summary.json", "bench.json")

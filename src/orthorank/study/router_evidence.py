@@ -16,14 +16,10 @@ import numpy as np
 
 from orthorank.evaluation.stats import resample_indices
 from orthorank.results import atomic_write_text
+from orthorank.study.router_headline import _ci, _kept_paper_rule, headline
 
 ROWS = ("orthorank", "router", "router-hybrid", "hybrid", "orthorank (policy random)", "orthorank (policy oracle)",
         "orthorank (policy loss-oracle)", "shortgpt", "shortened-ppl")
-
-
-def _ci(value: float, low: float, high: float) -> str:
-    mark = "**" if (high < 1.0 or low > 1.0) else ""
-    return f"{mark}{value:.3f} [{low:.3f}, {high:.3f}]{mark}"
 
 
 def speed_ratio(bench: dict[str, Any], a: str, b: str, iters: int = 2000) -> dict[int, tuple[float, float, float]]:
@@ -43,15 +39,6 @@ def speed_ratio(bench: dict[str, Any], a: str, b: str, iters: int = 2000) -> dic
         lo, hi = np.percentile(draws, [2.5, 97.5])
         out[int(run["seq_len"])] = (float(np.median(ratio)), float(lo), float(hi))
     return out
-
-
-def _kept_paper_rule(model: str, level: float) -> bool:
-    """Whether the committed router plan of this model and level kept the paper's rule (no router beat it on the
-    held-out calibration windows): then a comparison's `router` row, run before, is the declined router."""
-    path = Path("plans") / model / f"router-{level:g}.json"
-    if not path.is_file():
-        return False
-    return json.loads(path.read_text())["provenance"].get("router_fit", {}).get("kept") == "orthogonal"
 
 
 def model_section(folder: Path) -> str:
@@ -332,9 +319,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("folders", nargs="+", help="studies/router/<model> folders")
     p.add_argument("--out", required=True, help="the Markdown file to write")
+    p.add_argument("--headline", help="also write the README's one-table summary to this Markdown file")
     args = p.parse_args(argv)
     text = "\n".join(model_section(Path(f)) for f in args.folders)
     atomic_write_text(Path(args.out), text)
+    if args.headline:
+        atomic_write_text(Path(args.headline), headline([Path(f) for f in args.folders]))
     print(text)
     return 0
 
