@@ -49,7 +49,8 @@ from orthorank.errors import UserError
 # loaded is named by the model fingerprint (config, dtypes, attention implementation, sampled weights).
 _MODEL_MODULES = ("method/orthogonality.py", "method/selection.py", "method/attention.py", "method/attention_split.py", "method/layer.py",
                   "method/apply.py", "method/policies.py", "method/router.py", "method/recording.py",
-                  "method/local_attention.py", "models/adapters.py")
+                  "method/local_attention.py", "models/adapters.py", "method/sequence_context.py",
+                  "method/attention_routing.py", "method/policy_inputs.py")
 NUMERIC_MODULES = {
     "perplexity": _MODEL_MODULES + ("evaluation/perplexity.py",),
     "zeroshot": _MODEL_MODULES + ("evaluation/zeroshot/scoring.py", "evaluation/zeroshot/convert.py"),

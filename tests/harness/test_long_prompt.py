@@ -17,7 +17,6 @@ from orthorank.method import SelectionConfig, apply_orthorank
 from orthorank.method import attention
 from orthorank.method.apply import apply_plan, restore_dense, selective
 from orthorank.method.cost import Arch, removal_sparsity, head_flops, layer_flops, prefill_sparsity
-from orthorank.method.layer import SelectiveLayer
 from orthorank.method.plan import Plan
 from orthorank.method.policies import parse_variant
 from orthorank.method.schedules import PROGRESSIVE_SELECTION, schedule_plan
@@ -69,7 +68,9 @@ def test_progressive_gathered_keys_equal_masking_the_pruned_keys(family, sink_vi
     plan = _hybrid(m, {1: 0.7, 2: 0.5, 3: 0.5, 4: 0.3},
                    dataclasses.replace(PROGRESSIVE_SELECTION, sink_kv_visible=sink_visible))
     calls, causal = [], []
-    real, real_causal = SelectiveLayer._pruned_attention, attention._contiguous_causal
+    from orthorank.method import attention_routing
+
+    real, real_causal = attention_routing._pruned_attention, attention._contiguous_causal
 
     def counted(self, *a, **k):
         calls.append(self.layer_index)
@@ -80,7 +81,7 @@ def test_progressive_gathered_keys_equal_masking_the_pruned_keys(family, sink_vi
         causal.append(out is not None)
         return out
 
-    monkeypatch.setattr(SelectiveLayer, "_pruned_attention", counted)
+    monkeypatch.setattr(attention_routing, "_pruned_attention", counted)
     monkeypatch.setattr(attention, "_contiguous_causal", counted_causal)
     apply_plan(m, plan)
     gathered = m(ids, use_cache=False).logits
@@ -90,7 +91,7 @@ def test_progressive_gathered_keys_equal_masking_the_pruned_keys(family, sink_vi
     apply_plan(m, plan)
     general = m(ids, use_cache=False).logits
     restore_dense(m)
-    monkeypatch.setattr(SelectiveLayer, "_gathers_keys", lambda self, call, mask, S: False)
+    monkeypatch.setattr(attention_routing, "_gathers_keys", lambda sel, call, mask, S: False)
     apply_plan(m, plan)
     masked = m(ids, use_cache=False).logits
     assert torch.allclose(gathered, masked, atol=ATOL), (gathered - masked).abs().max()

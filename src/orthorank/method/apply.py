@@ -13,10 +13,11 @@ from torch import nn
 
 from orthorank.errors import UserError
 from orthorank.method.attention import backend_for
-from orthorank.method.layer import SelectiveLayer, SequenceContext, current_forward, install_forward
+from orthorank.method.attention_routing import current_forward, install_forward
+from orthorank.method.layer import SelectiveLayer
+from orthorank.method.sequence_context import SequenceContext
 from orthorank.method import local_attention
-from orthorank.method.policies import LOSS_EFFECT, PREV_INPUT
-from orthorank.method.recording import loss_effect_hook
+from orthorank.method import policy_inputs
 from orthorank.method.selection import SelectionConfig
 from orthorank.models.adapters import get_adapter
 
@@ -101,18 +102,16 @@ def apply_hybrid(model: nn.Module, removed: list[int], selections: dict[int, Sel
     state = _begin(model)
     if selections:
         context = SequenceContext()
+        site = policy_inputs.Site(model, original, drop, context, adapter.head_logits)
         state["hooks"].append(adapter.decoder(model).register_forward_pre_hook(context.capture, with_kwargs=True))
         for i in sorted(selections):
             layer = original[i]
             sel = SelectiveLayer(layer, adapter, selections[i], context, i, inner=current_forward(layer))
             state["restores"].append(install_forward(layer, sel))
-            state["restores"].append(sel.install_router())
+            state["restores"].append(sel.route_attention())
             setattr(layer, _LAYER_ATTR, sel)
             state["restores"].append(lambda layer=layer: delattr(layer, _LAYER_ATTR))
-            if PREV_INPUT in selections[i].rule.needs:
-                state["hooks"].append(_keep_previous_input(original, drop, i, sel))
-        if any(LOSS_EFFECT in c.rule.needs for c in selections.values()):
-            context.before_forward.append(loss_effect_hook(model, adapter.head_logits))
+            state["hooks"] += policy_inputs.install(sel.rule, site, i, sel)
         state["context"] = context
     if drop:
         kept = [i for i in range(len(original)) if i not in drop]
@@ -144,18 +143,6 @@ def apply_local(model: nn.Module, layers: list[int], cfg: local_attention.LocalA
     for i in layers:
         state["restores"].append(local_attention.install(original[i].self_attn, cfg))
     return model
-
-
-def _keep_previous_input(layers: list[nn.Module], removed: set[int], i: int, sel: SelectiveLayer):
-    """prev-update: a pre-hook on the layer that runs before layer i keeps its input for layer i's selection."""
-    before = [j for j in range(i) if j not in removed]
-    if not before:
-        raise UserError(f"the prev-update policy needs a layer before selection layer {i}")
-
-    def keep(module, args, kwargs):
-        h = args[0] if args else kwargs["hidden_states"]
-        sel._prev_input = h.clone()  # a selective layer may update its input in place
-    return layers[before[-1]].register_forward_pre_hook(keep, with_kwargs=True)
 
 
 def sequence_context(model: nn.Module) -> SequenceContext | None:

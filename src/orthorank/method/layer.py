@@ -6,9 +6,10 @@ complete.
 
 How it composes with transformers and accelerate: `SelectiveLayer` replaces the layer *instance's* forward (inside
 accelerate's hook where there is one), runs the family's own layer forward on the gathered selected rows, and for
-that call routes the attention module's forward to `selective_attention` (method/attention.py). So state_dict keys
+that call routes the attention module to the selected queries (method/attention_routing.py). So state_dict keys
 do not change, hooks on the layer and attention modules fire (output_hidden_states, output_attentions), and
-accelerate moves weights and inputs as for the dense layer.
+accelerate moves weights and inputs as for the dense layer. What a policy needs beyond the layer's input is
+gathered by method/policy_inputs.py; what every selection layer of a forward shares, by method/sequence_context.py.
 
 Cost: everything except the input norm, K/V projections and RoPE on K runs on the selected rows only.
 - With no padding and no cache (prefill), every row keeps the same K = ceil(ratio * T) tokens and the sink is
@@ -17,161 +18,20 @@ Cost: everything except the input norm, K/V projections and RoPE on K runs on th
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
 from typing import Any, Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from orthorank.method.attention import backend_for, selective_attention
-from orthorank.method.policies import (
-    ATTENTION, ATTENTION_WINDOW, DENSE_UPDATE, FITTED, LOSS_EFFECT, PREV_INPUT, RANDOM, SINK, PolicyInputs,
-    always_update, attention_received,
-)
-from orthorank.method.selection import (
-    SelectionConfig,
-    keep_count,
-    keep_to_indices,
-    random_keys,
-    sequence_seed,
-    token_hash,
-    tokens_to_keep,
-    top_k_indices,
-    topk_keep_mask,
-)
 from orthorank.errors import UserError
+from orthorank.method import policy_inputs
+from orthorank.method.attention import backend_for
+from orthorank.method.attention_routing import RowCall, gather_rows, key_keep, keys_values, route_attention, run_routed
+from orthorank.method.policies import FITTED, always_update
+from orthorank.method.policy_inputs import Chunk, Scoring
+from orthorank.method.selection import SelectionConfig, keep_to_indices, top_k_indices, topk_keep_mask
+from orthorank.method.sequence_context import Facts, SequenceContext
 from orthorank.models.adapters import FamilyAdapter
-
-
-class _Facts:
-    """What every selection layer of one forward shares: padding, sink positions, tokens to keep."""
-
-    __slots__ = ("key", "padded", "valid", "sink_pos", "in_chunk", "all_in_chunk", "k", "kmax", "uniform")
-
-
-def padding_from_4d(mask: Any, config: Any) -> torch.Tensor | None:
-    """[B, S] bool: the keys that some query of this forward may attend under a full-attention 4-D mask ([B, 1, q,
-    S], boolean or additive): the real tokens of past + current positions, False for padding and for static-cache
-    slots not yet written. None where no such mask exists: sliding-window masks also hide old keys, so a model whose
-    layers are all sliding is read as unpadded, as without any mask."""
-    if isinstance(mask, dict):
-        mask = mask.get("full_attention")
-    elif isinstance(mask, torch.Tensor) and config is not None:
-        types = getattr(config, "layer_types", None)
-        if getattr(config, "sliding_window", None) and (types is None or "full_attention" not in types):
-            return None
-    if not (isinstance(mask, torch.Tensor) and mask.dim() == 4):
-        return None
-    allowed = mask if mask.dtype == torch.bool else mask == 0
-    return allowed.any(dim=2)[:, 0]
-
-
-class SequenceContext:
-    """Per-forward facts shared by all selection layers of one model: the 2-D padding mask of past + current
-    tokens, captured by a pre-hook on the decoder stack (layers only get the 4-D mask, which may be None)."""
-
-    def __init__(self) -> None:
-        self.attention_mask: torch.Tensor | None = None
-        self.input_ids: torch.Tensor | None = None
-        self.decoder: nn.Module | None = None
-        self.record_states = True  # whether this forward keeps layer outputs (hidden states): no in-place writes
-        self._facts: _Facts | None = None
-        self._row_hashes: tuple[Any, list[int]] | None = None
-        # A recorder (method/recording.py) while one is active: selection layers run densely for it and report
-        # what they computed (the loss-oracle's dense pass, the router's fit).
-        self.recorder: Any = None
-        # Hooks run at the start of every forward this context captures (the loss-oracle's dense pass); each gets
-        # (context, decoder kwargs) and may fill `given`, layer index -> [B, T], for the layers' policies.
-        self.before_forward: list[Callable[["SequenceContext", dict], None]] = []
-        self.given: dict[int, torch.Tensor] = {}
-        # Progressive pruning: [B, T] bool, the tokens the latest progressive selection layer of this forward kept
-        # (the others stay out of every later one); None before the first.
-        self.alive: torch.Tensor | None = None
-
-    def capture(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
-        mask = kwargs.get("attention_mask", args[1] if len(args) > 1 else None)
-        config = getattr(module, "config", None)
-        if isinstance(mask, torch.Tensor) and mask.dim() == 2:
-            self.attention_mask = mask
-        else:  # generation on a static cache hands the decoder 4-D masks, built by `generate` from the 2-D one
-            self.attention_mask = padding_from_4d(mask, config)
-        ids = kwargs.get("input_ids", args[0] if args else None)
-        self.input_ids = ids if isinstance(ids, torch.Tensor) and ids.dim() == 2 else None
-        self.decoder = module
-        self.alive = None
-        self.record_states = bool(kwargs.get("output_hidden_states") or getattr(config, "output_hidden_states", False))
-        self._facts = None
-        self._row_hashes = None
-        if self.recorder is None:  # a recorder's own forward is the dense pass the hooks would start
-            self.given = {}
-            for hook in self.before_forward:
-                hook(self, kwargs)
-
-    def row_hashes(self, B: int, T: int, past: int, valid: torch.Tensor | None) -> list[int]:
-        """One hash per row of its real token ids in this chunk (and the cache length): the random ablation's
-        per-sequence seed. Without input ids (inputs_embeds, calibration runner) rows are told apart by index."""
-        key = (B, T, past)
-        if self._row_hashes is not None and self._row_hashes[0] == key:
-            return self._row_hashes[1]
-        ids = self.input_ids
-        if ids is None or ids.shape != (B, T):
-            hashes = list(range(B))
-        else:
-            hashes = [token_hash(ids[b] if valid is None else ids[b][valid[b]], past) for b in range(B)]
-        self._row_hashes = (key, hashes)
-        return hashes
-
-    def inplace_ok(self) -> bool:
-        """May a selection layer write its rows into its input? Only inside a decoder forward this context saw
-        begin (the decoder loop drops its reference to a layer's input), with autograd off, no hidden states
-        recorded and no hooks on the layers (either could hold the previous layer's output)."""
-        if self.record_states or self.decoder is None or torch.is_grad_enabled():
-            return False
-        layers = getattr(self.decoder, "layers", None)
-        return layers is not None and not any(l._forward_hooks or l._forward_pre_hooks for l in layers)
-
-    def facts(self, B: int, T: int, past: int, device: torch.device, ratio: float) -> _Facts:
-        mask2d = self.attention_mask
-        key = (B, T, past, ratio, device, id(mask2d))
-        f = self._facts
-        if f is not None and f.key == key:
-            return f
-        f = _Facts()
-        f.key = key
-        full_valid = None
-        if mask2d is not None and mask2d.shape[1] >= past + T:
-            # generation on a static cache may hand over the mask of every cache slot: the first past + T are ours
-            full_valid = mask2d[:, :past + T].bool()
-            if bool(full_valid.all()):  # one sync per forward, not per layer
-                full_valid = None
-        f.padded = full_valid is not None
-        if not f.padded:
-            f.valid = None
-            f.sink_pos = torch.full((B,), -past, dtype=torch.long, device=device)
-            f.in_chunk = None
-            f.all_in_chunk = past == 0
-            f.kmax = keep_count(T, ratio)
-            f.k = torch.full((B,), f.kmax, dtype=torch.long, device=device)
-            f.uniform = True
-        else:
-            f.valid = full_valid[:, past:]
-            sink_abs = full_valid.to(torch.int8).argmax(dim=1)  # first real token of each row
-            f.sink_pos = sink_abs - past  # < 0: the sink sits in the cache
-            f.in_chunk = f.sink_pos >= 0
-            f.k = tokens_to_keep(f.valid.sum(1), ratio)
-            kmin, kmax, n_in = torch.stack([f.k.min(), f.k.max(), f.in_chunk.sum()]).tolist()
-            f.kmax, f.uniform, f.all_in_chunk = int(kmax), kmin == kmax, n_in == B
-        self._facts = f
-        return f
-
-
-def _gather_rows(t: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-    """Rows of a [1 or B, T, C] tensor at idx [B, K] -> [B, K, C]."""
-    B, K = idx.shape
-    if t.shape[0] == 1 and B > 1:
-        return t[0].index_select(0, idx.reshape(-1)).view(B, K, -1)
-    return t.gather(1, idx.unsqueeze(-1).expand(B, K, t.shape[-1]))
 
 
 def _cache_arg(kwargs: dict[str, Any]) -> Any:
@@ -191,13 +51,6 @@ def check_finite(scores: torch.Tensor, layer_index: int) -> None:
                 "(check the model's dtype and weights)")
     else:  # no host sync on accelerators or in a compiled graph: a device-side assert
         torch._assert_async(torch.isfinite(scores).all(), f"layer {layer_index}: NaN or inf in hidden states")
-
-
-class _RowCall:
-    """What one selective call hands its attention module: every token's attention input and RoPE, the selected
-    rows and positions, the cache and the model's mask."""
-
-    __slots__ = ("x", "pos_emb", "idx", "q_pos", "past", "cache", "mask4d", "key_keep", "padded", "rows")
 
 
 class SelectiveLayer:
@@ -242,13 +95,14 @@ class SelectiveLayer:
         self._sink_state: torch.Tensor | None = None
         self._cutoff: torch.Tensor | None = None
         self._last: tuple[torch.Tensor, torch.Tensor | None, int] | None = None
-        self._call: _RowCall | None = None  # the selective call in progress, read by the attention router
-        self._routed = False
+        self.call: RowCall | None = None  # the selective call in progress, read by the routed attention
+        self.attention_routed = False  # route_attention installed (method/attention_routing.py)
         self._hidden: torch.Tensor | None = None  # the residual stream entering the layer, for the policy
         self._given: torch.Tensor | None = None  # the per-token quantity a policy ranks by, during its selection
-        self._prev_input: torch.Tensor | None = None  # prev-update: the previous layer's input (a hook sets it)
-        self._chunk_kv: tuple | None = None  # (attention input, K, V) the attention policy computed for this call
-        self.rule = config.rule  # the policy object (method/policies.py)
+        self.prev_input: torch.Tensor | None = None  # prev-update: the previous layer's input (its hook sets it)
+        self.chunk_kv: tuple | None = None  # (attention input, K, V) the attention policy computed for this call
+        self.rule = config.rule  # the policy object (method/policies.py), resolved once by the configuration
+        self._dense_first = policy_inputs.dense_first(self.rule)
         # this layer's fitted parameters (the router's): a plan without them for this layer is refused here
         self._fitted = config.fitted.layer(layer_index) if FITTED in self.rule.needs else None
 
@@ -285,16 +139,11 @@ class SelectiveLayer:
         finally:
             self._hidden = None
 
-    def _scores(self, src: torch.Tensor, sink: torch.Tensor, facts: _Facts, B: int, T: int, past: int):
+    def _scores(self, src: torch.Tensor, sink: torch.Tensor, facts: Facts, B: int, T: int, past: int):
         """The policy's ascending keys [B, T], with the modifiers' always-updated tokens first."""
         cfg, rule = self.config, self.rule
-        # distance from the row's sink: pads before it and the cache's tokens counted right (sink_pos < 0: in cache)
-        positions = (torch.arange(T, device=src.device).view(1, T) - facts.sink_pos.view(-1, 1)
-                     if FITTED in rule.needs else None)
-        inputs = PolicyInputs(src=src, hidden=self._hidden, past=past, positions=positions, criterion=cfg.criterion,
-                              sink=sink if SINK in rule.needs else None,
-                              random_draw=self._random_draw(facts, B, T, past) if RANDOM in rule.needs else None,
-                              given=self._given, fitted=self._fitted)
+        inputs = policy_inputs.policy_inputs(rule, Scoring(self, src, sink, facts, past), self._hidden, self._given,
+                                             cfg.criterion)
         keys = rule.keys(inputs)
         if rule.finite_keys:
             check_finite(keys if facts.valid is None else keys.masked_fill(~facts.valid, 0.0), self.layer_index)
@@ -306,7 +155,7 @@ class SelectiveLayer:
             keys = torch.where(always, torch.full_like(keys, float("-inf"), dtype=torch.float32), keys.float())
         return keys
 
-    def _select(self, h: torch.Tensor, x: torch.Tensor, past: int, facts: _Facts):
+    def _select(self, h: torch.Tensor, x: torch.Tensor, past: int, facts: Facts):
         cfg = self.config
         B, T, _ = h.shape
         src = x if cfg.source == "normed" else h
@@ -352,27 +201,22 @@ class SelectiveLayer:
         idx, real = keep_to_indices(keep, facts.kmax)
         return idx, (None if facts.uniform else real)
 
-    def _random_draw(self, facts: _Facts, B: int, T: int, past: int) -> torch.Tensor | None:
-        """The random ablation's keys: a fresh pattern per sequence, reproducible from the seed and the sequence's
-        own tokens (independent of batch size, the row's place in the batch and its padding)."""
-        valid = facts.valid
-        hashes = self._context.row_hashes(B, T, past, valid)
-        seeds = [sequence_seed(self.config.seed, self.layer_index, hsh) for hsh in hashes]
-        counts = [T] * B if valid is None else valid.sum(1).tolist()
-        return random_keys(counts, T, seeds, valid, facts.sink_pos.device)
-
     # -- forward -------------------------------------------------------------------------------------------------
+
+    def route_attention(self) -> Callable[[], None]:
+        """Route the attention module through this layer while a plan is applied (method/attention_routing.py);
+        returns the undo."""
+        return route_attention(self)
 
     def __call__(self, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         try:
             return self._forward(hidden_states, *args, **kwargs)
         finally:
             self._hidden = None  # the layer's input is the policy's only while it chooses: not kept past the call
-            self._chunk_kv = None
+            self.chunk_kv = None
 
     def _forward(self, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         layer, cfg = self.layer, self.config
-        attn = layer.self_attn
         B, T, _ = hidden_states.shape
         if T == 1 and cfg.decode == "dense":
             # One token: ceil(ratio * 1) = 1, the dense layer. Decided before reading the cache length, which a
@@ -380,7 +224,7 @@ class SelectiveLayer:
             self._last = None
             return self.inner(hidden_states, *args, **kwargs)
         cache = _cache_arg(kwargs)
-        past = int(cache.get_seq_length(attn.layer_idx)) if cache is not None else 0
+        past = int(cache.get_seq_length(layer.self_attn.layer_idx)) if cache is not None else 0
         if past == 0:
             self._sink_state, self._cutoff = None, None
         recorder = self._context.recorder
@@ -391,20 +235,12 @@ class SelectiveLayer:
         src = self.adapter.score_input(hidden_states, x) if cfg.source == "normed" else hidden_states
         self._hidden = hidden_states
         facts = self._context.facts(B, T, past, hidden_states.device, cfg.ratio)
-        needs = self.rule.needs
-        if DENSE_UPDATE in needs:
+        if self._dense_first:
             return self._oracle(hidden_states, args, kwargs, src, past, facts)
         if T == 1 and B == 1 and past > 0 and self._plain_threshold_step(facts):
             return self._threshold_step(hidden_states, x, src, args, kwargs, cache, facts, past)
-        given = None
-        if PREV_INPUT in needs:
-            prev, self._prev_input = self._prev_input, None
-            if prev is not None and prev.shape == hidden_states.shape:
-                given = torch.linalg.vector_norm((hidden_states - prev).float(), dim=-1)
-        elif ATTENTION in needs:
-            given = self._attention_received(x, kwargs["position_embeddings"], facts, cache, past)
-        elif LOSS_EFFECT in needs:
-            given = self._loss_effect(B, T, past)
+        given = policy_inputs.measure(self.rule, Chunk(self, hidden_states, x, kwargs["position_embeddings"], facts,
+                                                       cache, past))
         sel = self._select_given(given, hidden_states, src, past, facts)
         if sel is None:
             self._last = None
@@ -415,37 +251,40 @@ class SelectiveLayer:
             self._context.alive = self.last_keep
         if idx.shape[1] == 0:  # threshold decode kept no token: write its keys/values, leave its state as it is
             return self._bypass(hidden_states, x, kwargs, cache)
-
-        call = _RowCall()
-        call.x, call.idx, call.past, call.cache = x, idx, past, cache
-        call.q_pos = past + idx
-        call.padded = facts.padded
-        call.pos_emb = kwargs["position_embeddings"]
-        mask = kwargs.get("attention_mask", args[0] if args else None)
-        call.mask4d = mask if isinstance(mask, torch.Tensor) and mask.dim() == 4 else None
-        call.key_keep = self._key_keep(idx, real, B, T, past, facts, hidden_states.device)
-        call.rows = None
+        call = self._row_call(hidden_states, x, idx, real, past, cache, facts, args, kwargs)
         if real is not None and T == 1 and not args and self.compact_decode_rows:
             # A decode step with some rows kept and some not (threshold policy): run the layer on the kept rows
             # only, batch-compacted, instead of on every row with the others' updates discarded.
             rows = real[:, 0].nonzero().squeeze(1)
             if rows.numel() < B:
                 return self._compacted(hidden_states, kwargs, call, rows)
+        return self._update_rows(hidden_states, call, real, args, kwargs)
 
-        # The family's layer forward on the selected rows only, at their own RoPE positions.
+    def _row_call(self, hidden_states: torch.Tensor, x: torch.Tensor, idx: torch.Tensor, real: torch.Tensor | None,
+                  past: int, cache: Any, facts: Facts, args: tuple, kwargs: dict[str, Any]) -> RowCall:
+        """What the routed attention needs for this call (method/attention_routing.py)."""
+        B, T, _ = hidden_states.shape
+        call = RowCall()
+        call.x, call.idx, call.past, call.cache = x, idx, past, cache
+        call.q_pos = past + idx
+        call.padded = facts.padded
+        call.pos_emb = kwargs["position_embeddings"]
+        mask = kwargs.get("attention_mask", args[0] if args else None)
+        call.mask4d = mask if isinstance(mask, torch.Tensor) and mask.dim() == 4 else None
+        call.key_keep = key_keep(self, idx, real, B, T, past, facts, hidden_states.device)
+        call.rows = None
+        return call
+
+    def _update_rows(self, hidden_states: torch.Tensor, call: RowCall, real: torch.Tensor | None, args: tuple,
+                     kwargs: dict[str, Any]) -> Any:
+        """The family's layer forward on the selected rows only, at their own RoPE positions, written back into
+        the residual stream; the other rows pass unchanged."""
+        idx = call.idx
         sel_kwargs = dict(kwargs)
         cos, sin = call.pos_emb
-        sel_kwargs["position_embeddings"] = (_gather_rows(cos, idx), _gather_rows(sin, idx))
-        h_sel = _gather_rows(hidden_states, idx)  # [B, K, D]
-        if self._routed:  # installed by apply_orthorank: no module attribute changes during the forward
-            self._call = call
-            try:
-                out = self.inner(h_sel, *args, **sel_kwargs)
-            finally:
-                self._call = None
-        else:  # a bare wrapper (search runner, layer benchmarks): route for this call only
-            with patched_forward(attn, self._attention_forward(call)):  # inside any accelerate hook
-                out = self.inner(h_sel, *args, **sel_kwargs)
+        sel_kwargs["position_embeddings"] = (gather_rows(cos, idx), gather_rows(sin, idx))
+        h_sel = gather_rows(hidden_states, idx)  # [B, K, D]
+        out = run_routed(self, call, h_sel, args, sel_kwargs)
         h_new = out[0] if isinstance(out, tuple) else out
         if real is not None:
             # Filler entries (rows with fewer kept tokens) write back their own unchanged state.
@@ -457,7 +296,7 @@ class SelectiveLayer:
             result = hidden_states.scatter(1, index, h_new)
         return (result, *out[1:]) if isinstance(out, tuple) else result
 
-    def _plain_threshold_step(self, facts: _Facts) -> bool:
+    def _plain_threshold_step(self, facts: Facts) -> bool:
         """May this decode step take `_threshold_step`: the threshold policy on a sink-score order with default K/V
         handling and no always-updated tokens, one unpadded sequence whose sink state and cut-off are known."""
         cfg = self.config
@@ -467,7 +306,7 @@ class SelectiveLayer:
                 and self._sink_state.shape[0] == 1)
 
     def _threshold_step(self, hidden_states: torch.Tensor, x: torch.Tensor, src: torch.Tensor, args: tuple,
-                        kwargs: dict[str, Any], cache: Any, facts: _Facts, past: int) -> Any:
+                        kwargs: dict[str, Any], cache: Any, facts: Facts, past: int) -> Any:
         """One new token of one sequence under the threshold policy: the general path's decision (its key against
         the prefill's cut-off; the sink lies in the cache), then the dense layer or the bypass."""
         keys = self._scores(src, self._sink_state, facts, 1, 1, past)  # [1, 1]
@@ -480,12 +319,12 @@ class SelectiveLayer:
     def _bypass(self, hidden_states: torch.Tensor, x: torch.Tensor, kwargs: dict[str, Any], cache: Any) -> torch.Tensor:
         """No token updated: only every token's keys and values go into the cache; the states pass unchanged."""
         if cache is not None:
-            k, v = self._keys_values(x, kwargs["position_embeddings"])
+            k, v = keys_values(self, x, kwargs["position_embeddings"])
             cache.update(k, v, self.layer.self_attn.layer_idx)
         return hidden_states
 
     def _select_given(self, given: torch.Tensor | None, h: torch.Tensor, src: torch.Tensor, past: int,
-                      facts: _Facts):
+                      facts: Facts):
         """_select with the per-token quantity a policy ranks by (PolicyInputs.given) in place for it."""
         self._given = given
         try:
@@ -494,7 +333,7 @@ class SelectiveLayer:
             self._given = None
 
     def _oracle(self, hidden_states: torch.Tensor, args: tuple, kwargs: dict[str, Any], src: torch.Tensor,
-                past: int, facts: _Facts) -> Any:
+                past: int, facts: Facts) -> Any:
         """The oracle policy: the dense layer (every token's update, every key and value into the cache), then only
         the K largest updates kept. A selected token's update equals its dense update (its query sees every key
         either way), so this is exactly the selective layer with the best choice of tokens: an upper bound."""
@@ -512,15 +351,6 @@ class SelectiveLayer:
         keep.scatter_(1, idx, True if real is None else real)
         result = torch.where(keep.unsqueeze(-1), h_new, hidden_states)
         return (result, *out[1:]) if isinstance(out, tuple) else result
-
-    def _loss_effect(self, B: int, T: int, past: int) -> torch.Tensor:
-        """The loss-oracle's keys [B, T]: this layer's <dL/dh_i, f(x)_i - x_i> from the dense pass that the
-        context's before-forward hook ran on this forward's input (method/recording.py)."""
-        effect = self._context.given.get(self.layer_index)
-        if past > 0 or effect is None or effect.shape != (B, T):
-            raise UserError("the loss-oracle policy reads each window's own next tokens: it applies to whole-window "
-                            "perplexity (ppl, compare), not to cached generation or chunked prefill")
-        return effect
 
     def _recorded(self, recorder: Any, hidden_states: torch.Tensor, args: tuple, kwargs: dict[str, Any],
                   past: int) -> Any:
@@ -550,26 +380,7 @@ class SelectiveLayer:
         recorder.add(self, hidden_states=hidden_states, src=src, dense_out=h_new, out=result, keep=keep)
         return (result, *out[1:]) if isinstance(out, tuple) else result
 
-    def _attention_received(self, x: torch.Tensor, pos_emb, facts: _Facts, cache, past: int) -> torch.Tensor:
-        """The `attention` policy's estimate [B, T] (method/policies.py), from this layer's own queries and keys
-        (the chunk's keys, and the cached ones where a cache holds them)."""
-        attn, adapter = self.layer.self_attn, self.adapter
-        T = x.shape[1]
-        W = min(self.config.attention_window or ATTENTION_WINDOW, T)
-        cos, sin = pos_emb
-        q = adapter.rope(attn, adapter.queries(attn, x[:, T - W:]), cos[:, T - W:], sin[:, T - W:])
-        k, v = self._keys_values(x, pos_emb)  # [B, Hkv, T, d]
-        self._chunk_kv = (x, k, v)  # the selective call's attention reuses them (one K/V projection per layer)
-        if past > 0 and cache is not None:
-            layer_cache = cache.layers[attn.layer_idx] if hasattr(cache, "layers") else None
-            cached = getattr(layer_cache, "keys", None)
-            if cached is not None and cached.shape[2] == past:
-                k = torch.cat([cached.to(k.dtype), k], dim=2)
-            else:
-                past = 0  # cached keys not readable here: the estimate sees this chunk only
-        return attention_received(q.transpose(1, 2), k, attn.scaling, facts.valid, past)
-
-    def _compacted(self, hidden_states: torch.Tensor, kwargs: dict[str, Any], call: _RowCall,
+    def _compacted(self, hidden_states: torch.Tensor, kwargs: dict[str, Any], call: RowCall,
                    rows: torch.Tensor) -> Any:
         """One new token per row, `rows` [n] of the B rows updated: the family's layer forward on [n, 1, D]; every
         row's keys and values still reach the cache (the attention router computes them for call.x, all rows)."""
@@ -583,176 +394,7 @@ class SelectiveLayer:
                 value = value.index_select(0, rows)
             sel_kwargs[key] = value
         h_sel = hidden_states.index_select(0, rows)  # [n, 1, D]
-        if self._routed:
-            self._call = call
-            try:
-                out = self.inner(h_sel, **sel_kwargs)
-            finally:
-                self._call = None
-        else:
-            with patched_forward(self.layer.self_attn, self._attention_forward(call)):
-                out = self.inner(h_sel, **sel_kwargs)
+        out = run_routed(self, call, h_sel, (), sel_kwargs)
         h_new = out[0] if isinstance(out, tuple) else out
         result = hidden_states.index_copy(0, rows, h_new)
         return (result, *out[1:]) if isinstance(out, tuple) else result
-
-    def _key_keep(self, idx, real, B, T, past, facts, device) -> torch.Tensor | None:
-        """Ablation (bypass_kv=False): bypassed tokens of this chunk offer no keys/values (cached ones still do).
-        [B, past + T] bool, or None when every key stays."""
-        cfg = self.config
-        if cfg.bypass_kv:
-            return None
-        keep = torch.zeros(B, T, dtype=torch.bool, device=device).scatter_(1, idx, True if real is None else real)
-        if cfg.sink_kv_visible:  # variant: the sink's keys/values stay visible although it is bypassed
-            rows = torch.nonzero(facts.sink_pos >= 0).squeeze(-1)
-            keep[rows, facts.sink_pos[rows]] = True
-        return torch.cat([torch.ones(B, past, dtype=torch.bool, device=device), keep], dim=1)
-
-    def _keys_values(self, x: torch.Tensor, pos_emb) -> tuple[torch.Tensor, torch.Tensor]:
-        """Every token's keys (RoPE at its true position) and values: [B, Hkv, T, d] each."""
-        attn = self.layer.self_attn
-        k, v = self.adapter.keys_values(attn, x)
-        cos, sin = pos_emb
-        return self.adapter.rope(attn, k, cos, sin).transpose(1, 2), v.transpose(1, 2)
-
-    def install_router(self) -> Callable[[], None]:
-        """Route the attention module through this layer for as long as it is installed: during a selective call
-        it runs selective attention, otherwise its own forward. Nothing on the modules changes during a forward
-        (what torch.compile needs). Returns the undo."""
-        attn = self.layer.self_attn
-        inner = current_forward(attn)
-
-        def route(hidden_states: torch.Tensor, *args: Any, **kwargs: Any):
-            call = self._call
-            if call is None:
-                return inner(hidden_states, *args, **kwargs)
-            return self._attention_forward(call)(hidden_states, *args, **kwargs)
-
-        undo = install_forward(attn, route)
-        self._routed = True
-
-        def restore() -> None:
-            undo()
-            self._routed = False
-
-        return restore
-
-    def _attention_forward(self, call: _RowCall) -> Callable[..., Any]:
-        layer, adapter = self.layer, self.adapter
-        attn = layer.self_attn
-
-        def forward(hidden_states: torch.Tensor, *args: Any, **kwargs: Any):
-            # hidden_states: the attention input of the selected rows [B, K, D]; position_embeddings: theirs
-            cos_q, sin_q = kwargs.get("position_embeddings", args[0] if args else None)
-            q = adapter.rope(attn, adapter.queries(attn, hidden_states), cos_q, sin_q)  # [B, K, H, d]
-            kept = self._chunk_kv
-            if kept is not None and kept[0] is call.x:
-                k, v = kept[1], kept[2]
-            else:
-                k, v = self._keys_values(call.x, call.pos_emb)  # [B, Hkv, T, d]
-            if call.cache is not None:
-                k, v = call.cache.update(k, v, attn.layer_idx)  # complete cache: every token's K/V
-            B, T = call.x.shape[:2]
-            S = k.shape[2]
-            k_offset = 0 if S >= call.past + T else call.past + T - S  # sliding caches keep the latest keys
-            mask = None
-            if call.mask4d is not None:
-                m = call.mask4d.expand(B, -1, -1, -1)
-                mask = m.gather(2, call.idx[:, None, :, None].expand(B, m.shape[1], call.idx.shape[1], m.shape[3]))
-                mask = mask[..., :S]
-            if self._gathers_keys(call, mask, S):
-                return attn.o_proj(self._pruned_attention(q, call, k, v)), None
-            key_valid = self._key_valid(call, B, T, S, k_offset, mask is not None)
-            q_pos, idx = call.q_pos, call.idx
-            if call.rows is not None:  # batch-compacted decode step: the kept rows' keys, values and masks
-                r = call.rows
-                k, v, q_pos, idx = k.index_select(0, r), v.index_select(0, r), q_pos[r], idx[r]
-                mask = None if mask is None else mask.index_select(0, r)
-                key_valid = None if key_valid is None else key_valid.index_select(0, r)
-                B = r.numel()
-            o, w = selective_attention(
-                q, q_pos, k, v, scale=attn.scaling, k_offset=k_offset, key_valid=key_valid,
-                window=self._window, softcap=self._softcap, mask=mask, backend=self.backend, attn_module=attn,
-                max_chunks=self.max_attention_chunks, min_chunk_keys=self.min_chunk_keys)
-            out = attn.o_proj(o)
-            if w is not None:  # rows that ran attention report their weights; bypassed rows report zeros
-                full = w.new_zeros(B, w.shape[1], T, w.shape[-1])
-                w = full.scatter(2, idx[:, None, :, None].expand_as(w), w)
-                if call.rows is not None:
-                    w = w.new_zeros(call.x.shape[0], *w.shape[1:]).index_copy(0, call.rows, w)
-            return out, w
-
-        return forward
-
-    def _gathers_keys(self, call: _RowCall, mask: torch.Tensor | None, S: int) -> bool:
-        """Whether progressive pruning's prefill takes the gathered path: the kept keys only, in full-attention
-        layers of unpadded whole sequences (elsewhere the pruned keys are masked instead: the same result, no saving),
-        and not under eager attention, whose weights a caller may read."""
-        return (self.config.progressive and call.key_keep is not None and call.past == 0 and not call.padded
-                and mask is None and call.rows is None and self._window is None and S == call.x.shape[1]
-                and self.backend != "eager")
-
-    def _pruned_attention(self, q: torch.Tensor, call: _RowCall, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """The kept queries [B, K, H, d] against the kept keys only (and the sink's where it stays visible), gathered:
-        the attention core costs K x K per head instead of K x T. Causality holds in the kept tokens' own order, so
-        each query's position becomes its place among the kept keys (positions already sit in RoPE)."""
-        attn = self.layer.self_attn
-        kidx, _ = keep_to_indices(call.key_keep)  # [B, S'] every row keeps as many: no padding
-        B, Hkv, _, d = k.shape
-        gather = kidx[:, None, :, None].expand(B, Hkv, kidx.shape[1], d)
-        k_sel = k.gather(2, gather)
-        v_sel = v.gather(2, kidx[:, None, :, None].expand(B, Hkv, kidx.shape[1], v.shape[-1]))
-        q_place = torch.searchsorted(kidx, call.q_pos, right=True) - 1  # every query is itself a kept key
-        o, _ = selective_attention(q, q_place, k_sel, v_sel, scale=attn.scaling, softcap=self._softcap,
-                                   backend=self.backend, attn_module=attn, max_chunks=self.max_attention_chunks,
-                                   min_chunk_keys=self.min_chunk_keys)
-        return o
-
-    def _key_valid(self, call: _RowCall, B: int, T: int, S: int, k_offset: int, have_mask: bool):
-        """[B, S] bool or None: keys that may be attended apart from causality and the window."""
-        parts = [] if call.key_keep is None else [call.key_keep]
-        pad = self._context.attention_mask
-        if not have_mask and call.padded and pad is not None and pad.shape[0] == B and pad.shape[1] >= call.past + T:
-            # No 4-D mask from the model (SDPA's causal shortcut, flash's 2-D mask, flex's block mask): padding
-            # comes from the 2-D mask of past + current tokens that the context captured.
-            parts.append(pad[:, :call.past + T].bool())
-        if not parts:
-            return None
-        valid = parts[0] if len(parts) == 1 else parts[0] & parts[1]
-        valid = valid[:, k_offset:k_offset + S]
-        if valid.shape[1] < S:  # static caches: unfilled slots lie beyond every query (causally masked anyway)
-            valid = F.pad(valid, (0, S - valid.shape[1]), value=False)
-        return valid
-
-
-@contextmanager
-def patched_forward(module: nn.Module, forward: Callable[..., Any]):
-    restore = install_forward(module, forward)
-    try:
-        yield
-    finally:
-        restore()
-
-
-def install_forward(module: nn.Module, forward: Callable[..., Any]) -> Callable[[], None]:
-    """Replace the instance's forward (keeping class, hooks and state_dict keys), composing with accelerate: where
-    its hook wraps forward, replace the `_old_forward` it calls. Returns a function that undoes it."""
-    attr = "_old_forward" if hasattr(module, "_hf_hook") and hasattr(module, "_old_forward") else "forward"
-    had = attr in module.__dict__
-    previous = module.__dict__.get(attr)
-    setattr(module, attr, forward)
-
-    def restore() -> None:
-        if had:
-            setattr(module, attr, previous)
-        else:
-            delattr(module, attr)
-
-    return restore
-
-
-def current_forward(module: nn.Module) -> Callable[..., Any]:
-    """The forward an installed replacement should call through to."""
-    if hasattr(module, "_hf_hook") and hasattr(module, "_old_forward"):
-        return module._old_forward
-    return module.__dict__.get("forward") or type(module).forward.__get__(module)

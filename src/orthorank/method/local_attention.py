@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 
 from orthorank.errors import UserError
-from orthorank.method.layer import padding_from_4d
+from orthorank.method.sequence_context import padding_from_4d
 
 
 @dataclass(frozen=True)

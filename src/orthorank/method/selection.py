@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -27,7 +27,9 @@ class SelectionConfig:
     ratio: float = 0.33
     criterion: str = "dot"
     source: str = "normed"
-    policy: str = "orthogonal"  # a name in method/policies.POLICIES (plans before the router called it `order`)
+    # a name in method/policies.POLICIES or the Policy itself (plans before the router called it `order`); resolved
+    # once, here: `policy` keeps the name (what plans and store keys hold), `rule` the registry's object
+    policy: str | Policy = "orthogonal"
     # Ablation "no KV": bypassed tokens contribute no keys/values to the selected queries.
     bypass_kv: bool = True
     # Under the no-KV ablation, whether the sink's keys/values stay visible although the sink is bypassed (the paper
@@ -51,11 +53,14 @@ class SelectionConfig:
     progressive: bool = False
     # A fitted policy's parameters (the router's, method/router.py): saved inside the plan, None for rules.
     fitted: RouterState | None = None
+    rule: Policy = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not (0.0 < self.ratio <= 1.0) or math.isnan(self.ratio):
             raise UserError(f"ratio must be in (0, 1], got {self.ratio}")
-        rule = get_policy(self.policy)
+        rule = self.policy if isinstance(self.policy, Policy) else get_policy(self.policy)
+        object.__setattr__(self, "policy", rule.name)
+        object.__setattr__(self, "rule", rule)
         if not rule.no_kv_ablation and not self.bypass_kv:
             raise UserError(f"the {self.policy} policy runs the layer densely: it has no no-KV ablation")
         if FITTED in rule.needs and self.fitted is None:
@@ -79,13 +84,8 @@ class SelectionConfig:
             if value not in allowed:
                 raise UserError(f"unknown {name} {value!r}; choose one of {', '.join(allowed)}")
 
-    @property
-    def rule(self) -> Policy:
-        """The policy object (method/policies.py) this configuration selects with."""
-        return get_policy(self.policy)
-
     def to_dict(self) -> dict:
-        out = {f: getattr(self, f) for f in self.__dataclass_fields__ if f != "fitted"}
+        out = {f: getattr(self, f) for f in self.__dataclass_fields__ if f not in ("fitted", "rule")}
         for name in ("keep_recent", "keep_first", "attention_window", "progressive"):
             if not out[name]:
                 del out[name]
@@ -113,7 +113,7 @@ class SelectionConfig:
                                 f"policy={data['policy']!r}")
             data["policy"] = data.pop("order")
         fitted = data.pop("fitted", None)
-        unknown = sorted(set(data) - {f for f in cls.__dataclass_fields__})
+        unknown = sorted(set(data) - {f for f in cls.__dataclass_fields__ if f != "rule"})
         if unknown:
             raise UserError(f"unknown selection field(s) {', '.join(unknown)}")
         return cls(**data, fitted=RouterState.from_dict(fitted) if fitted is not None else None)
