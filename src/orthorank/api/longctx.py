@@ -39,7 +39,7 @@ from orthorank.evaluation.longctx_suite import SuiteBuilder, load_pools, parse_l
 from orthorank.method.plan import Plan
 from orthorank.method.plan_store import sparsity_label
 from orthorank.method.policies import DECODE_MODES
-from orthorank.method.registry import get_method, saved
+from orthorank.method.registry import get_method, is_paper, is_reference, saved
 from orthorank.models.loading import check_context
 from orthorank.results import atomic_save_figure, atomic_write_text, check_writable, write_json
 from orthorank.store import digest, model_fingerprint
@@ -167,8 +167,8 @@ def _tables(rows: list[Row], results: dict[str, dict], group_of, groups: list[st
             lines.append(f"| {row.name} | " + " | ".join(fmt_diff(summary[row.name].get(g))
                                                          for g in groups + ["mean"]) + " |")
     # the paper's claim is OrthoRank against layer pruning at the same sparsity: pair them item by item too
-    baselines = [r for r in rows if r.method not in ("dense", "orthorank")]
-    versus = [r for r in rows if r.method == "orthorank"]
+    baselines = [r for r in rows if not is_reference(r.method) and not is_paper(r.method)]
+    versus = [r for r in rows if is_paper(r.method)]
     for base in baselines if versus else []:
         lines += ["", f"Paired difference to {base.name} (percentage points, same items; 95% bootstrap interval; "
                       "** = excludes 0)", "", head]

@@ -23,7 +23,7 @@ from orthorank.method.plan import Plan
 from orthorank.method.policies import parse_variant
 from orthorank.runtime.matching import measured_speedups
 from orthorank.store import model_fingerprint
-from orthorank.method.registry import is_reference
+from orthorank.method.registry import baseline, get_method, is_baseline, is_reference
 
 # Ablations of the paper, applied on the OrthoRank plan's own layers. The paper does not say whether the sink's
 # keys/values stay visible when bypassed tokens give none, so both variants are run.
@@ -189,13 +189,15 @@ def reference_rows(row: Row, rows: list[Row]) -> list[Row]:
             own += [r for r in rows if r.method in PRUNING and r.level == row.level]
         return own
     if row.family in ("hybrid", "router", "router-hybrid", "router-searched"):  # against every pruning method and OrthoRank at its level
-        # a searched router plan also against the router on OrthoRank's layers: what the search under it adds
+        # and against the methods the registry pairs it with (a searched router plan: the router on OrthoRank's
+        # layers, what the search under it adds)
+        also = get_method(row.family).paired_with
         return [r for r in rows if r.level == row.level and r.ablation is None
-                and (r.method in PRUNING or r.family.startswith("orthorank")
-                     or (row.family == "router-searched" and r.method == "router"))]
+                and (r.method in PRUNING or r.family.startswith("orthorank") or r.method in also)]
     if row.family.startswith("orthorank"):
         return [r for r in rows if r.method in PRUNING and r.level == row.level]
-    return [r for r in rows if is_reference(r.method) or (r.method == "sleb" != row.method and r.level == row.level)]
+    return [r for r in rows if is_reference(r.method)
+            or (is_baseline(r.method) and not is_baseline(row.method) and r.level == row.level)]
 
 
 def comparisons(rows: list[Row]) -> list[Comparison]:
@@ -231,9 +233,11 @@ class WorstDomain:
                 "ci95": [round(self.ratio.low, 6), round(self.ratio.high, 6)], "verdict": self.verdict}
 
 
-def worst_domains(comps: list[Comparison], reference: str = "sleb") -> list[WorstDomain]:
-    """Per row and level, the worst (largest) paired perplexity ratio against `reference` over every dataset both
-    were scored on: what a user without their own evaluation text should look at."""
+def worst_domains(comps: list[Comparison], reference: str | None = None) -> list[WorstDomain]:
+    """Per row and level, the worst (largest) paired perplexity ratio against `reference` (the registry's pruning
+    baseline, SLEB, unless given) over every dataset both were scored on: what a user without their own evaluation
+    text should look at."""
+    reference = baseline() if reference is None else reference
     groups: dict[tuple[str, float], list[Comparison]] = {}
     for c in comps:
         if c.b.method == reference and c.a.level == c.b.level:

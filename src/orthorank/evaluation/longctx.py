@@ -30,7 +30,7 @@ class Row:
     variant: str | None = None  # a selection policy variant on the OrthoRank plan's layers (None: the plan's own)
 
     def applied(self) -> Plan:
-        if self.plan.method != "orthorank" or self.decode is None:
+        if not self.plan.kind.one_selection or self.decode is None:
             return self.plan
 
         return replace(self.plan, selection=replace(self.plan.selection, decode=self.decode))

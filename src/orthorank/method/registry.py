@@ -28,11 +28,23 @@ class Method:
     # "plan" (saved plan from the search), "schedule" (method/schedules.py, from depth alone), "spread" (evenly
     # spread: speed only), "none"
     layers: str = "plan"
-    ablations: bool = False  # compare --ablations adds the paper's ablation rows (random, inverse, raw, no K/V) to it
+    # the paper's method as run here (compute-matched OrthoRank): the row the paper's claim pairs with every layer
+    # pruning row, the rule the other selection policies are measured against, what takes the paper's ablations
+    paper: bool = False
+    baseline: bool = False  # the pruning method every other is paired with (compare's worst-domain ratios: "vs SLEB")
+    # compare also pairs its rows with these methods' rows at its level: what one step of its making adds (the router
+    # on the layers searched under it against the router on OrthoRank's layers)
+    paired_with: tuple[str, ...] = ()
 
     @property
     def kind(self) -> PlanKind:
         return get_kind(self.plan_kind)
+
+    @property
+    def ablations(self) -> bool:
+        """compare --ablations adds the paper's ablation rows (random, inverse, raw, no K/V) to it: the paper's
+        method."""
+        return self.paper
 
     @property
     def plan_label(self) -> str:
@@ -52,12 +64,12 @@ class Method:
 METHODS: dict[str, Method] = {m.name: m for m in (
     Method("dense", "dense", "the unchanged model", layers="none"),
     Method("orthorank", "orthorank", "Shin et al. 2025 (SLEB-style greedy layer choice), compute-matched",
-           search="orthorank", ablations=True),
+           search="orthorank", paper=True),
     Method("orthorank-nominal", "orthorank", "Shin et al. 2025, layer count by the paper's nominal sparsity",
            search="orthorank", match="nominal"),
     Method("orthorank-speed", "orthorank", "Shin et al. 2025, keep ratio matched to pruning's measured prefill "
            "speed-up on this machine", search="orthorank", match="speed"),
-    Method("sleb", "prune", "Song et al. 2024 (greedy block removal)", search="sleb"),
+    Method("sleb", "prune", "Song et al. 2024 (greedy block removal)", search="sleb", baseline=True),
     Method("shortened-ppl", "prune", "Kim et al. 2024 (one-shot PPL criterion)", search="shortened-ppl"),
     Method("shortgpt", "prune", "Men et al. 2024 (Block Influence)", search="shortgpt"),
     # Hybrid: per layer remove / select at a ratio / keep, searched under a measured cost table
@@ -83,7 +95,7 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     # orthorank --policy router --router BANK` runs the greedy layer search with it, `fit-router` on the plan found
     # refits the router on its own layers, compute-matched to SLEB): the layers that suit the router, not the sink rule.
     Method("router-searched", "orthorank", "this project: the greedy layer search run under a router bank, the router "
-           "refitted on the layers found, compute-matched"),
+           "refitted on the layers found, compute-matched", paired_with=("router",)),
     Method("router-hybrid", "hybrid", "this project: a hybrid plan's removals, with a fitted router choosing the "
            "tokens in its selection layers, compute-matched"),
     Method("spread-orthorank", "orthorank", "token selection in evenly spread layers (speed measurements)",
@@ -148,6 +160,21 @@ def scheduled() -> list[str]:
 def is_reference(name: str) -> bool:
     """Whether a result row of this method is the dense reference the others are compared with."""
     return name in METHODS and METHODS[name].kind.dense
+
+
+def is_paper(name: str) -> bool:
+    """Whether a result row of this method is the paper's method as run here (its own rule, compute-matched)."""
+    return name in METHODS and METHODS[name].paper
+
+
+def is_baseline(name: str) -> bool:
+    """Whether a result row of this method is the pruning baseline every other method is paired with."""
+    return name in METHODS and METHODS[name].baseline
+
+
+def baseline() -> str:
+    """The pruning baseline's method name (SLEB): the row whose worst-domain ratios compare reads."""
+    return next(n for n, m in METHODS.items() if m.baseline)
 
 
 def get_method(name: str, allowed: list[str] | None = None) -> Method:

@@ -35,6 +35,12 @@ class SearchMethod:
     def kind(self) -> PlanKind:
         return get_kind(self.plan_method)
 
+    @property
+    def measured_costs(self) -> bool:
+        """A measured cost table prices its moves (`calibrate --cost-table FILE`): the per-layer search that may
+        remove layers (one that only sets keep ratios prices them on the FLOP count)."""
+        return self.per_layer and self.removals
+
     def settings(self, selection: SelectionConfig, screen: int | None, recheck: int) -> dict:
         """What, besides the model and calibration windows, decides this search's result (its checkpoint key)."""
         out: dict = {}

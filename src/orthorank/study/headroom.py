@@ -25,6 +25,7 @@ from typing import Any
 
 from orthorank.api.options import CompareOptions, LongbenchOptions, LongctxOptions, Options
 from orthorank.method.plan_store import sparsity_label
+from orthorank.method.registry import is_paper
 from orthorank.results import atomic_write_text
 from orthorank.study.budgets import DOMAINS, ZEROSHOT_TASKS
 from orthorank.study.context import StudyContext
@@ -111,7 +112,7 @@ _BOUNDS = ("sleb", "orthorank", "orthorank (policy random)", "orthorank (policy 
 
 
 def _label(method: str) -> str:
-    return "orthorank (the paper's rule)" if method == "orthorank" else method
+    return f"{method} (the paper's rule)" if is_paper(method) else method
 
 
 def _with_ci(value: float | None, ci: list[float]) -> str:

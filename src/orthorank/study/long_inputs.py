@@ -26,6 +26,7 @@ from typing import Any
 
 from orthorank.errors import UserError
 from orthorank.method.policies import POLICIES
+from orthorank.method.registry import is_paper
 from orthorank.results import atomic_write_text
 
 PAPER = "orthogonal"
@@ -42,11 +43,13 @@ def _load(path: str | Path, command: str) -> dict[str, Any]:
     return data
 
 
-def _spec_of_compare(method: str) -> str | None:
-    if method == "orthorank":
-        return PAPER
-    m = re.fullmatch(r"orthorank \(policy (.+)\)", method)
-    return m.group(1) if m else None
+def _spec_of_compare(row: str) -> str | None:
+    """The rule of a compare row on the paper's plan: PAPER for the plan's own row, SPEC for its `(policy SPEC)`
+    row, None for any other row."""
+    m = re.fullmatch(r"(.+?) \(policy (.+)\)", row)
+    if m is None:
+        return PAPER if is_paper(row) else None
+    return m.group(2) if is_paper(m.group(1)) else None
 
 
 def _spec_of_generation(name: str) -> str | None:

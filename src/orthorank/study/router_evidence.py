@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from orthorank.evaluation.stats import resample_indices
+from orthorank.method.registry import baseline, is_baseline, is_reference
 from orthorank.results import atomic_write_text
 from orthorank.study.router_headline import _ci, _kept_paper_rule, headline
 
@@ -170,11 +171,11 @@ def _hybrid_speed(folder: Path) -> str:
         rounds = words[words.index("--measure-speed") + 1] if "--measure-speed" in words[:-1] else "-"
         for (method, level), r in rows.items():
             m = (r.get("sparsity") or {}).get("measured_speedup")
-            if m is None or method == "dense":
+            if m is None or is_reference(method):
                 continue
             rng = r.get("measured_range") or [None, None]
-            sleb = (rows.get(("sleb", level), {}).get("sparsity") or {}).get("measured_speedup")
-            vs = "-" if not sleb or method == "sleb" else f"{m / sleb:.3f}"
+            sleb = (rows.get((baseline(), level), {}).get("sparsity") or {}).get("measured_speedup")
+            vs = "-" if not sleb or is_baseline(method) else f"{m / sleb:.3f}"
             cells = f"{m:.3f}" + (f" [{rng[0]:.3f}, {rng[1]:.3f}]" if rng[0] is not None else "")
             lines.append(f"| {data['seq_len']} | {level:g} | {method} | {cells} | {vs} | {rounds} |")
     return "\n".join(lines) + "\n"

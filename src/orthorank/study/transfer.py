@@ -22,7 +22,9 @@ from orthorank.api.options import CalibrateOptions, CompareOptions, Options
 from orthorank.evaluation.stats import draw_ratio, worst_ratio, worst_ratio_scores
 from orthorank.method.plan import Plan
 from orthorank.method.plan_store import sparsity_label
+from orthorank.method.registry import get_method
 from orthorank.results import atomic_save_figure, atomic_write_text
+from orthorank.search.registry import get_search
 from orthorank.study.budgets import DOMAINS, TransferSetting
 from orthorank.study.context import StudyContext, hybrid_cost_table
 
@@ -53,7 +55,7 @@ def transfer_calls(ctx: StudyContext) -> Iterator[Options]:
     searched = [m for m in METHODS if m != "hybrid"]
 
     def calibrate(setting: TransferSetting, method: str) -> CalibrateOptions:
-        extra = {"cost_table": str(table)} if method == "hybrid" else {}
+        extra = {"cost_table": str(table)} if get_search(get_method(method).search).measured_costs else {}
         return ctx.options(CalibrateOptions, method=method, sparsity=ctx.levels(b.levels), cost_seq_len=t.seq_len,
                            out=str(setting_plans(ctx, setting)),
                            **(setting.calibrate_options(t.calib_seq_len) | t.calibrate | extra))

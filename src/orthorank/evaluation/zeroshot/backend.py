@@ -28,6 +28,7 @@ from orthorank.errors import UserError
 from orthorank.method.apply import apply_plan, restore_dense
 from orthorank.method.plan import Plan
 from orthorank.method.plan_store import find_plan
+from orthorank.method.registry import is_reference
 from orthorank.models.loading import LoadedModel, load_model
 
 log = logging.getLogger(__name__)
@@ -147,13 +148,14 @@ class OrthoRankLM(HFLM):
 
 def resolve_plan(lm: LoadedModel, plan: str | Plan | None, method: str | None, sparsity: float | None) -> Plan:
     """A Plan object, a plan file, a saved plan (method + sparsity), or dense; checked against the model."""
-    if plan is not None and (method not in (None, "dense") or sparsity is not None):
+    dense = method is None or is_reference(method)
+    if plan is not None and (not dense or sparsity is not None):
         raise UserError("give either plan= or method= with sparsity=, not both")
     if isinstance(plan, Plan):
         result = plan
     elif plan:
         result = Plan.load(plan)
-    elif method in (None, "dense"):
+    elif dense:
         if sparsity not in (None, 0, 0.0):
             raise UserError("method dense takes no sparsity")
         return Plan("dense", [], lm.name, lm.signature())

@@ -29,6 +29,7 @@ from orthorank.evaluation.zeroshot.convert import resolve_data_dir
 from orthorank.evaluation.zeroshot.registry import TASKS, tasks_dir
 from orthorank.evaluation.zeroshot.runner import _quiet_harness, task_manager
 from orthorank.method.apply import apply_plan, restore_dense
+from orthorank.method.registry import is_reference
 from orthorank.models.loading import input_device
 from orthorank.store import code_version, fill, model_fingerprint
 
@@ -171,7 +172,7 @@ def evaluate_zeroshot_rows(lm, rows, tasks: list[str], limit: int | None, data_d
             out[ri] = {}
             for name, items in task_items.items():
                 ns = store.namespace("zeroshot", zeroshot_key(lm.model, row.plan, items, fp)) if store else None
-                label = row.method if row.method == "dense" else f"{row.method}@{row.level:g}"
+                label = row.method if is_reference(row.method) else f"{row.method}@{row.level:g}"
                 bar = tqdm(total=len(items.doc_ids), desc=f"{label} {name}", leave=False, unit="item",
                            disable=not progress or not dist.is_main())
 
