@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1] / "src" / "orthorank"
 # below, never one above.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors", "cpu_info"),
-    ("distributed", "peak_memory", "results", "store"),  # what every result file and stored window needs
+    ("distributed", "peak_memory", "results", "store_keys", "store"),  # what every result file and stored window needs
     ("models",),  # loading, per-family adapters, shapes
     ("method",),  # OrthoRank itself: plans, policies, the selective layer, the cost model, the method registry
     ("runtime",),  # memory guard, interleaved timing, bandwidth bound, cost tables, speed matching

@@ -1,11 +1,12 @@
 """A result store that makes long evaluations resumable and shardable.
 
 Layout: <root>/<kind>/<key hash>/meta.json holds the full key (model fingerprint, plan content, dataset and
-protocol, code version); entries live beside it in small JSON files, each {"entries": {index: value}, "sha256": ..}
-written atomically (temporary file, fsync, rename), so a run killed mid-write loses only the unfinished entry.
-A run reads what is there and computes the rest; shards computed elsewhere merge by copying their entry files
-into the same folder (`merge`). An entry made under another key lives in another folder and is never read; a
-corrupt entry file raises an error naming it (or, with recompute=True, is set aside and its entries recomputed).
+protocol, code version; the fingerprint and code version come from orthorank.store_keys); entries live beside it in
+small JSON files, each {"entries": {index: value}, "sha256": ..} written atomically (temporary file, fsync,
+rename), so a run killed mid-write loses only the unfinished entry. A run reads what is there and computes the
+rest; shards computed elsewhere merge by copying their entry files into the same folder (`merge`). An entry made
+under another key lives in another folder and is never read; a corrupt entry file raises an error naming it (or,
+with recompute=True, is set aside and its entries recomputed).
 
 Two more rules in `fill`:
 - Carry-over across code versions. A change to a numeric module's code is a new key, so a refactor that keeps every
@@ -25,8 +26,6 @@ Two more rules in `fill`:
 
 from __future__ import annotations
 
-import ast
-import hashlib
 import json
 import os
 import shutil
@@ -37,103 +36,13 @@ import warnings
 from pathlib import Path
 from typing import Any, Iterable
 
-import torch
-import transformers
-from torch import nn
-
 from orthorank import distributed as dist
 from orthorank.errors import UserError
+# Keys of stored results (code versions, model fingerprints) live in store_keys; other modules import them from here.
+from orthorank.store_keys import NUMERIC_MODULES, canonical, code_version, digest, model_fingerprint
 
-# The modules whose code decides the numbers a result of each kind holds; a change to their code (not to their
-# comments or docstrings) is a new code version for that kind. How a model is loaded is not among them: what was
-# loaded is named by the model fingerprint (config, dtypes, attention implementation, sampled weights).
-_MODEL_MODULES = ("method/orthogonality.py", "method/selection.py", "method/attention.py", "method/attention_split.py", "method/layer.py",
-                  "method/apply.py", "method/policies.py", "method/router.py", "method/recording.py",
-                  "method/local_attention.py", "models/adapters.py", "method/sequence_context.py",
-                  "method/attention_routing.py", "method/policy_inputs.py")
-NUMERIC_MODULES = {
-    "perplexity": _MODEL_MODULES + ("evaluation/perplexity.py",),
-    "zeroshot": _MODEL_MODULES + ("evaluation/zeroshot/scoring.py", "evaluation/zeroshot/convert.py"),
-    "longctx": _MODEL_MODULES + ("evaluation/generation.py", "evaluation/longctx.py", "evaluation/longctx_suite.py",
-                                 "evaluation/longbench.py"),
-    "continuation": _MODEL_MODULES + ("evaluation/continuation.py",),
-    "search": _MODEL_MODULES + ("search/layer_search.py", "search/racing.py"),
-    "router-fit": _MODEL_MODULES + ("search/router_fit.py",),
-    "hybrid-search": _MODEL_MODULES + ("search/layer_search.py", "search/racing.py", "search/hybrid.py",
-                                       "runtime/cost_table.py"),
-}
-
-
-def _canonical(obj: Any) -> bytes:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str).encode()
-
-
-def digest(obj: Any, n: int = 16) -> str:
-    return hashlib.sha256(obj if isinstance(obj, bytes) else _canonical(obj)).hexdigest()[:n]
-
-
-def code_version(kind: str = "perplexity") -> str:
-    """A hash of the code of the modules that decide the numbers of a result kind (their syntax trees without
-    docstrings, so an edited comment or docstring keeps every stored result), plus torch and transformers versions.
-
-    Computed once per process, at its first use (after the modules were imported): a file edited while a long run
-    goes on must not give the results of the code that run executes the key of the code now on disk."""
-    if kind not in _CODE_VERSIONS:
-        _CODE_VERSIONS[kind] = _code_version(kind)
-    return _CODE_VERSIONS[kind]
-
-
-_CODE_VERSIONS: dict[str, str] = {}
-
-
-def _code_version(kind: str) -> str:
-    root = Path(__file__).resolve().parent
-    h = hashlib.sha256()
-    for rel in NUMERIC_MODULES[kind]:
-        path = root / rel
-        h.update(rel.encode())
-        h.update(_code_tree(path.read_text()).encode() if path.is_file() else b"-")
-    h.update(f"torch={torch.__version__};transformers={transformers.__version__}".encode())
-    return h.hexdigest()[:16]
-
-
-def _code_tree(source: str) -> str:
-    tree = ast.parse(source)
-    for node in ast.walk(tree):
-        body = getattr(node, "body", None)
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body and \
-                isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant) and \
-                isinstance(body[0].value.value, str):
-            node.body = body[1:] or [ast.Pass()]
-    return ast.dump(tree, include_attributes=False)
-
-
-# Config fields that say where a checkpoint was loaded from, not what it is: the same weights installed in two
-# checkouts (two virtual environments) must share their stored results.
-_LOCATION_FIELDS = ("_name_or_path",)
-
-
-def _config_identity(model: nn.Module) -> dict:
-    config = model.config.to_dict() if hasattr(model, "config") else {}
-    return {k: v for k, v in config.items() if k not in _LOCATION_FIELDS}
-
-
-@torch.no_grad()
-def model_fingerprint(model: nn.Module, samples_per_tensor: int = 4096) -> str:
-    """Names, shapes, dtypes and an evenly strided sample of every parameter and buffer: cheap even for large models,
-    and different for different weights (a change the sample misses would have to avoid every sampled element)."""
-    h = hashlib.sha256()
-    h.update(_canonical(_config_identity(model)))
-    h.update(str(getattr(getattr(model, "config", None), "_attn_implementation", None)).encode())
-    for name, t in list(model.named_parameters()) + list(model.named_buffers()):
-        if t.device.type == "meta":
-            continue
-        flat = t.detach().reshape(-1)
-        step = max(1, flat.numel() // samples_per_tensor)
-        sample = flat[::step][:samples_per_tensor].float().cpu().numpy().tobytes()
-        h.update(f"{name}:{tuple(t.shape)}:{t.dtype}".encode())
-        h.update(sample)
-    return h.hexdigest()[:16]
+__all__ = ["CARRY_RTOL", "CLAIM_POLL_S", "CLAIM_TIMEOUT_S", "NUMERIC_MODULES", "Namespace", "ResultStore",
+           "StoreError", "code_version", "digest", "fill", "model_fingerprint"]
 
 
 class StoreError(UserError):
@@ -167,7 +76,7 @@ class Namespace:
             except json.JSONDecodeError:
                 raise StoreError(f"result store entry {meta} is corrupt (not JSON); delete that folder to "
                                  "recompute it") from None
-            if _canonical(stored) != _canonical(json.loads(_canonical(key))):
+            if canonical(stored) != canonical(json.loads(canonical(key))):
                 raise StoreError(f"result store folder {folder} holds results for another key; delete it")
 
     def _ensure(self) -> None:
@@ -213,7 +122,7 @@ class Namespace:
                 other = json.loads(meta.read_text())
             except (OSError, json.JSONDecodeError):
                 continue
-            if "code" in other and {k: v for k, v in other.items() if k != "code"} == json.loads(_canonical(key)):
+            if "code" in other and {k: v for k, v in other.items() if k != "code"} == json.loads(canonical(key)):
                 files = list(meta.parent.glob("e-*.json"))
                 if files:
                     newest = max(f.stat().st_mtime for f in files)

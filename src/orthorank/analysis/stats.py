@@ -229,28 +229,13 @@ def analyze(
 ) -> SinkAnalysis:
     """Analyze a dense model on token ids ([samples, tokens], or one 1-D sequence). The first token of each sample
     is the sink. `token_labels` name the first sample's tokens in the selection figure (default: the ids)."""
-    if getattr(model, "_orthorank_state", None) is not None:
-        raise UserError("the analysis runs on the dense model; call restore_dense(model) first")
-    if not (0.0 < ratio <= 1.0):
-        raise UserError(f"ratio must be in (0, 1], got {ratio}")
-    if criterion not in CRITERIA:
-        raise UserError(f"unknown criterion {criterion!r}; choose one of {', '.join(CRITERIA)}")
-    if sample_tokens < 2:
-        raise UserError(f"the selection sample needs at least 2 tokens, got {sample_tokens}")
+    _check_analysis_inputs(model, ratio, criterion, sample_tokens)
     windows = _to_windows(ids)
     vocab = getattr(model.config, "vocab_size", None)
     if vocab is not None and (int(windows.min()) < 0 or int(windows.max()) >= vocab):
         raise UserError(f"token ids must lie in [0, {vocab}) for this model")
-    device = input_device(model)
     n_samples, n_tokens = windows.shape
-
-    col = _Collector(model, sample_tokens)
-    with col:
-        for s in range(n_samples):
-            col._prev = None
-            col.capture_sample = s == 0
-            model(windows[s : s + 1].to(device), use_cache=False)
-
+    col = _collect(model, windows, sample_tokens)
     L = len(col.layers)
     allcos = [torch.cat(c).double() for c in col.cos]
     qs = torch.tensor(QUANTILES, dtype=torch.float64)
@@ -260,20 +245,6 @@ def analyze(
 
     def per_transition(buf: list[list[torch.Tensor]]) -> list[float | None]:
         return [_mean(buf[i]) if i < L - 1 else None for i in range(L)]
-
-    # Which tokens OrthoRank would select, per layer, in the first sample's first n tokens (dense states).
-    n = min(sample_tokens, n_tokens)
-    sample_ids = windows[0, :n].tolist()
-    keep_rows = []
-    for x in col.sample_x:
-        x = x.unsqueeze(0)  # [1, n, D]
-        scores = sink_scores(x, x[:, SINK], criterion)
-        keep = topk_keep_mask(scores, torch.ones_like(scores, dtype=torch.bool), torch.tensor([SINK]),
-                              tokens_to_keep(torch.tensor([n]), ratio))
-        keep_rows.append([int(v) for v in keep[0].tolist()])
-    labels = list(token_labels)[:n] if token_labels is not None else [str(t) for t in sample_ids]
-    if len(labels) < n:
-        labels += [str(t) for t in sample_ids[len(labels):]]
 
     return SinkAnalysis(
         model=name or getattr(model.config, "name_or_path", "") or model.config.model_type,
@@ -298,14 +269,57 @@ def analyze(
         max_norm_is_sink=[_mean(m) for m in col.max_is_sink],
         attn_sink_share=[float(h.mean()) for h in heads],
         attn_sink_share_heads=[[float(v) for v in h] for h in heads],
-        selection={
-            "ids": sample_ids,
-            "labels": labels,
-            "keep": keep_rows,  # [layer][token] 0/1
-            "k": int(tokens_to_keep(torch.tensor([n]), ratio)[0]),
-            "n": n,
-        },
+        selection=_selection_sample(col.sample_x, windows, sample_tokens, ratio, criterion, token_labels),
     )
+
+
+def _collect(model: nn.Module, windows: torch.Tensor, sample_tokens: int) -> _Collector:
+    """The hooks' statistics over one forward pass per sample; the first sample's states are kept for the selection
+    figure."""
+    device = input_device(model)
+    col = _Collector(model, sample_tokens)
+    with col:
+        for s in range(windows.shape[0]):
+            col._prev = None
+            col.capture_sample = s == 0
+            model(windows[s : s + 1].to(device), use_cache=False)
+    return col
+
+
+def _check_analysis_inputs(model: nn.Module, ratio: float, criterion: str, sample_tokens: int) -> None:
+    if getattr(model, "_orthorank_state", None) is not None:
+        raise UserError("the analysis runs on the dense model; call restore_dense(model) first")
+    if not (0.0 < ratio <= 1.0):
+        raise UserError(f"ratio must be in (0, 1], got {ratio}")
+    if criterion not in CRITERIA:
+        raise UserError(f"unknown criterion {criterion!r}; choose one of {', '.join(CRITERIA)}")
+    if sample_tokens < 2:
+        raise UserError(f"the selection sample needs at least 2 tokens, got {sample_tokens}")
+
+
+def _selection_sample(sample_x: list[torch.Tensor], windows: torch.Tensor, sample_tokens: int, ratio: float,
+                      criterion: str, token_labels: Sequence[str] | None) -> dict[str, Any]:
+    """Which tokens OrthoRank would select, per layer, in the first sample's first n tokens (dense states
+    `sample_x`, one [n, D] per layer), with the tokens' ids and labels for the selection figure."""
+    n = min(sample_tokens, windows.shape[1])
+    sample_ids = windows[0, :n].tolist()
+    keep_rows = []
+    for x in sample_x:
+        x = x.unsqueeze(0)  # [1, n, D]
+        scores = sink_scores(x, x[:, SINK], criterion)
+        keep = topk_keep_mask(scores, torch.ones_like(scores, dtype=torch.bool), torch.tensor([SINK]),
+                              tokens_to_keep(torch.tensor([n]), ratio))
+        keep_rows.append([int(v) for v in keep[0].tolist()])
+    labels = list(token_labels)[:n] if token_labels is not None else [str(t) for t in sample_ids]
+    if len(labels) < n:
+        labels += [str(t) for t in sample_ids[len(labels):]]
+    return {
+        "ids": sample_ids,
+        "labels": labels,
+        "keep": keep_rows,  # [layer][token] 0/1
+        "k": int(tokens_to_keep(torch.tensor([n]), ratio)[0]),
+        "n": n,
+    }
 
 
 def observations(a: SinkAnalysis) -> dict[str, Any]:

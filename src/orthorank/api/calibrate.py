@@ -26,47 +26,27 @@ from orthorank.method.cost import Arch, removal_sparsity, selection_sparsity, ra
 from orthorank.method.plan import Plan, layers_for_sparsity
 from orthorank.method.plan_store import plan_file_method, sparsity_label
 from orthorank.method.registry import METHODS
-from orthorank.models.loading import check_context
+from orthorank.method.selection import SelectionConfig
+from orthorank.models.loading import LoadedModel, check_context
 from orthorank.results import check_writable
 from orthorank.runtime.costmodel import spread_layers
 from orthorank.runtime.matching import match_speed, measured_speedups, with_ratio
-from orthorank.search.calibration import calibration_set
+from orthorank.search.calibration import CalibrationSet, calibration_set
 from orthorank.search.checkpoint import Checkpoint
-from orthorank.search.layer_search import StackRunner
+from orthorank.search.layer_search import SearchResult, StackRunner
 from orthorank.search.racing import ALPHA
-from orthorank.search.registry import get_search
+from orthorank.search.registry import SearchMethod, get_search
 
 
 def run(opts: CalibrateOptions) -> int:
     if get_search(METHODS[opts.method].search).per_layer:
         return run_hybrid(opts)
-    if opts.sparsity is None:
-        raise UserError(f"--method {opts.method} needs --sparsity")
-    if opts.target_speedup is not None or opts.cost_table is not None or opts.ratios is not None:
-        raise UserError("--target-speedup, --cost-table and --ratios belong to --method hybrid")
-    method = METHODS[opts.method]
-    if method.match != "compute":  # orthorank-nominal / -speed: the search of orthorank under that rule
-        opts = dataclasses.replace(opts, match=[method.match])
-    opts = dataclasses.replace(opts, method=method.search)
-    search = get_search(method.search)
+    opts, search = _searched_options(opts)
     sparsities = parse_sparsities(opts.sparsity, search=True)
     if opts.json_out and len(sparsities) > 1:
         raise UserError("--json takes one sparsity; use --out DIR for several")
     selection = selection_from_options(opts, router_base(opts))
-    if search.kind.one_selection and selection.ratio >= 1.0:
-        raise UserError("ratio 1.0 skips no work; choose a ratio below 1")
-    rules = opts.match if search.kind.one_selection else ["compute"]
-    if "speed" in rules and opts.measure_speed < 3:
-        raise UserError("--match speed times the plans: give --measure-speed N with N >= 3")
-    if opts.measure_speed < 0:
-        raise UserError(f"--measure-speed must be 0 or more, got {opts.measure_speed}")
-    jobs = [(rule, s) for rule in rules for s in sparsities]
-    if opts.json_out and len(jobs) > 1:
-        raise UserError("--json takes one sparsity and one --match rule; use --out DIR for several")
-    outputs = [Path(opts.json_out)] if opts.json_out else [
-        Path(opts.out) / f"{plan_file_method(opts.method, rule)}-{sparsity_label(s)}.json" for rule, s in jobs]
-    for path in outputs:
-        check_writable(path, opts.overwrite)
+    jobs, outputs = _jobs(opts, search, selection, sparsities)
     samples = calibration_samples(opts)
     check_calibration_source(opts.calib_data, opts.data_dir)
     dist.init(opts.device)
@@ -105,49 +85,102 @@ def run(opts: CalibrateOptions) -> int:
                                                        if checkpoint.resumed else ""))
     if not dist.is_main():
         return 0
-    plans = []
-    for (rule, s), n in zip(jobs, counts):
-        sel, matched = selection, None
-        if search.kind.one_selection and rule == "compute":
-            target = removal_sparsity(arch, opts.cost_seq_len, layers_for_sparsity(s, L, "prune"))
-            scoring = selection.rule.scoring_flops(arch.hidden)  # a router's FLOPs count
-            ratio = ratio_to_match(arch, opts.cost_seq_len, target, n, selection.ratio, scoring=scoring)
-            sel = dataclasses.replace(selection, ratio=ratio)
-            got = selection_sparsity(arch, opts.cost_seq_len, n, ratio, scoring=scoring)
-            matched = {"rule": "equal compute", "knob": "one keep ratio for every selection layer, raised from "
-                       f"{selection.ratio:g} until the plan skips pruning's compute share",
-                       "base_ratio": selection.ratio, "ratio": ratio, "target_compute": round(target, 6),
-                       "compute": round(got, 6), "relative_error": round(abs(got - target) / target, 6)}
-        plan = Plan(
-            method=search.plan_method,
-            layers=result.order[:n],
-            model=lm.name,
-            signature=lm.signature(),
-            selection=sel if search.kind.one_selection else None,
-            target_sparsity=s,
-            arch=dict(arch.__dict__),
-            provenance={
-                "search": opts.method,
-                "reference": search.reference,
-                "match": rule if search.kind.one_selection else "removed ceil(s L)",
-                **({"matched": matched} if matched else {}),
-                "cost_seq_len": opts.cost_seq_len,
-                "order": result.order[:n],
-                "losses": [round(x, 6) for x in result.losses[:n]],
-                "dense_loss": round(result.dense_loss, 6),
-                "calibration": calib.provenance,
-                "search_mode": "exhaustive" if screen is None else {"race": {"first_batches": screen,
-                                                                             "keep": opts.recheck, "alpha": ALPHA}},
-                "search_seconds": round(result.seconds, 2),
-                "search_resumed_steps": checkpoint.resumed,
-                "search_device": f"{lm.device} x {dist.world_size()}, dtype {str(lm.model.dtype).removeprefix('torch.')}, "
-                                 f"{torch.get_num_threads()} threads",
-                "evaluations": result.evaluations,
-            },
-        )
-        plans.append(plan)
+    plans = [_plan(opts, search, lm, arch, selection, result, calib, screen, checkpoint, rule, s, n)
+             for (rule, s), n in zip(jobs, counts)]
     if opts.measure_speed:
         _time_plans(lm, plans, jobs, counts, opts, selection.ratio, say)
+    _save_plans(opts, plans, jobs, counts, outputs)
+    return 0
+
+
+def _searched_options(opts: CalibrateOptions) -> tuple[CalibrateOptions, SearchMethod]:
+    """The options of a layer-count method (sleb, orthorank, ...) checked, with --method set to the search it runs
+    (and --match to the rule an orthorank-nominal / -speed method names)."""
+    if opts.sparsity is None:
+        raise UserError(f"--method {opts.method} needs --sparsity")
+    if opts.target_speedup is not None or opts.cost_table is not None or opts.ratios is not None:
+        raise UserError("--target-speedup, --cost-table and --ratios belong to --method hybrid")
+    method = METHODS[opts.method]
+    if method.match != "compute":  # orthorank-nominal / -speed: the search of orthorank under that rule
+        opts = dataclasses.replace(opts, match=[method.match])
+    opts = dataclasses.replace(opts, method=method.search)
+    return opts, get_search(method.search)
+
+
+def _jobs(opts: CalibrateOptions, search: SearchMethod, selection: SelectionConfig,
+          sparsities: list[float]) -> tuple[list[tuple[str, float]], list[Path]]:
+    """One plan per --match rule and sparsity, and the file each is written to (checked writable before the model
+    loads)."""
+    if search.kind.one_selection and selection.ratio >= 1.0:
+        raise UserError("ratio 1.0 skips no work; choose a ratio below 1")
+    rules = opts.match if search.kind.one_selection else ["compute"]
+    if "speed" in rules and opts.measure_speed < 3:
+        raise UserError("--match speed times the plans: give --measure-speed N with N >= 3")
+    if opts.measure_speed < 0:
+        raise UserError(f"--measure-speed must be 0 or more, got {opts.measure_speed}")
+    jobs = [(rule, s) for rule in rules for s in sparsities]
+    if opts.json_out and len(jobs) > 1:
+        raise UserError("--json takes one sparsity and one --match rule; use --out DIR for several")
+    outputs = [Path(opts.json_out)] if opts.json_out else [
+        Path(opts.out) / f"{plan_file_method(opts.method, rule)}-{sparsity_label(s)}.json" for rule, s in jobs]
+    for path in outputs:
+        check_writable(path, opts.overwrite)
+    return jobs, outputs
+
+
+def _compute_match(opts: CalibrateOptions, arch: Arch, selection: SelectionConfig, s: float,
+                   n: int) -> tuple[SelectionConfig, dict]:
+    """--match compute: the one keep ratio, raised from the given one, at which n selection layers skip the compute
+    share that pruning's ceil(s L) removed layers skip; with the record of the match."""
+    target = removal_sparsity(arch, opts.cost_seq_len, layers_for_sparsity(s, arch.num_layers, "prune"))
+    scoring = selection.rule.scoring_flops(arch.hidden)  # a router's FLOPs count
+    ratio = ratio_to_match(arch, opts.cost_seq_len, target, n, selection.ratio, scoring=scoring)
+    got = selection_sparsity(arch, opts.cost_seq_len, n, ratio, scoring=scoring)
+    matched = {"rule": "equal compute", "knob": "one keep ratio for every selection layer, raised from "
+               f"{selection.ratio:g} until the plan skips pruning's compute share",
+               "base_ratio": selection.ratio, "ratio": ratio, "target_compute": round(target, 6),
+               "compute": round(got, 6), "relative_error": round(abs(got - target) / target, 6)}
+    return dataclasses.replace(selection, ratio=ratio), matched
+
+
+def _plan(opts: CalibrateOptions, search: SearchMethod, lm: LoadedModel, arch: Arch, selection: SelectionConfig,
+          result: SearchResult, calib: CalibrationSet, screen: int | None, checkpoint: Checkpoint, rule: str,
+          s: float, n: int) -> Plan:
+    """The plan of one job: the first n layers of the search's order, with how they were found."""
+    sel, matched = selection, None
+    if search.kind.one_selection and rule == "compute":
+        sel, matched = _compute_match(opts, arch, selection, s, n)
+    return Plan(
+        method=search.plan_method,
+        layers=result.order[:n],
+        model=lm.name,
+        signature=lm.signature(),
+        selection=sel if search.kind.one_selection else None,
+        target_sparsity=s,
+        arch=dict(arch.__dict__),
+        provenance={
+            "search": opts.method,
+            "reference": search.reference,
+            "match": rule if search.kind.one_selection else "removed ceil(s L)",
+            **({"matched": matched} if matched else {}),
+            "cost_seq_len": opts.cost_seq_len,
+            "order": result.order[:n],
+            "losses": [round(x, 6) for x in result.losses[:n]],
+            "dense_loss": round(result.dense_loss, 6),
+            "calibration": calib.provenance,
+            "search_mode": "exhaustive" if screen is None else {"race": {"first_batches": screen,
+                                                                         "keep": opts.recheck, "alpha": ALPHA}},
+            "search_seconds": round(result.seconds, 2),
+            "search_resumed_steps": checkpoint.resumed,
+            "search_device": f"{lm.device} x {dist.world_size()}, dtype {str(lm.model.dtype).removeprefix('torch.')}, "
+                             f"{torch.get_num_threads()} threads",
+            "evaluations": result.evaluations,
+        },
+    )
+
+
+def _save_plans(opts: CalibrateOptions, plans: list[Plan], jobs: list[tuple[str, float]], counts: list[int],
+                outputs: list[Path]) -> None:
     for plan, (rule, s), n, path in zip(plans, jobs, counts, outputs):
         plan.save(path, overwrite=opts.overwrite)
         m = plan.sparsity(seq_len=opts.cost_seq_len)
@@ -156,7 +189,6 @@ def run(opts: CalibrateOptions) -> int:
               + (f" at ratio {plan.selection.ratio:.4f}" if plan.kind.one_selection else "")
               + f" -> nominal {m['nominal']:.4f}, compute {m['compute']:.4f} at {opts.cost_seq_len} tokens"
               + (f", measured prefill speed-up {measured:.3f}x" if measured else "") + f"; wrote {path}")
-    return 0
 
 
 def _time_plans(lm, plans: list[Plan], jobs, counts, opts, base_ratio: float, say) -> None:

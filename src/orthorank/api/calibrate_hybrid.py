@@ -28,12 +28,13 @@ from orthorank.method.cost import Arch
 from orthorank.method.plan import REMOVE, Plan
 from orthorank.method.plan_store import sparsity_label
 from orthorank.method.registry import METHODS
-from orthorank.models.loading import check_context
+from orthorank.method.selection import SelectionConfig
+from orthorank.models.loading import LoadedModel, check_context
 from orthorank.results import check_writable
 from orthorank.runtime.cost_table import CostTable, FlopCostTable, device_description, parse_ratios
-from orthorank.search.calibration import calibration_set
+from orthorank.search.calibration import CalibrationSet, calibration_set
 from orthorank.search.checkpoint import Checkpoint
-from orthorank.search.hybrid import check_targets, match_exactly
+from orthorank.search.hybrid import HybridResult, check_targets, match_exactly
 from orthorank.search.layer_search import StackRunner
 from orthorank.search.racing import ALPHA
 from orthorank.search.registry import get_search
@@ -89,31 +90,11 @@ def run_hybrid(opts: CalibrateOptions) -> int:
     """`--method hybrid` (a measured cost table, removals allowed) and `--method orthorank-ratios` (the FLOP cost
     model, no removals, the last move's ratio set so that the compute equals pruning's exactly)."""
     ratios_mode = not get_search(METHODS[opts.method].search).removals  # orthorank-ratios: keep ratios only
-    if ratios_mode:
-        if opts.cost_table is not None or opts.target_speedup is not None:
-            raise UserError("--method orthorank-ratios matches pruning's compute (the FLOP count); it takes "
-                            "--sparsity, not --cost-table or --target-speedup")
-        if opts.sparsity is None:
-            raise UserError("--method orthorank-ratios needs --sparsity")
-    elif opts.cost_table is None:
-        raise UserError("--method hybrid needs --cost-table FILE (measure it on the target device with "
-                        "`orthorank bench --cost-table FILE`)")
-    if (opts.target_speedup is None) == (opts.sparsity is None):
-        raise UserError("--method hybrid takes either --target-speedup X (predicted speed-ups) or --sparsity S "
-                        "(the speed-up of removing ceil(S L) layers), not both and not neither")
-    if opts.ratio is not None:
-        raise UserError(f"--ratio is OrthoRank's one ratio; a {opts.method} search takes --ratios")
-    if opts.match != ["compute"]:
-        raise UserError(f"--match applies to OrthoRank's layer count, not to {opts.method} searches")
+    _check_hybrid_options(opts, ratios_mode)
     if ratios_mode:
         table = None
         ratios = parse_ratios(opts.ratios) if opts.ratios is not None else list(DEFAULT_LAYER_RATIOS)
-        sparsities = parse_sparsities(opts.sparsity, search=True)
-        names = {s: f"orthorank-ratios-{sparsity_label(s)}.json" for s in sparsities}
-        if opts.json_out and len(sparsities) > 1:
-            raise UserError("--json takes one sparsity; use --out DIR for several")
-        for s in sparsities:
-            check_writable(Path(opts.json_out) if opts.json_out else Path(opts.out) / names[s], opts.overwrite)
+        sparsities, names = _ratios_outputs(opts)
     else:
         table = CostTable.load(opts.cost_table)  # a missing or garbled table fails before the model loads
         ratios, levels, names, targets, outputs = _table_targets(opts, table, parse_ratios, parse_sparsities,
@@ -130,17 +111,7 @@ def run_hybrid(opts: CalibrateOptions) -> int:
     arch = Arch.from_config(lm.config, lm.num_layers)
     if ratios_mode:  # targets: pruning's compute at each level, on the FLOP count at --cost-seq-len
         table = FlopCostTable.build(arch, opts.cost_seq_len, ratios, lm.name, lm.signature())
-        L = table.num_layers
-        levels = {}
-        for s in sparsities:
-            removed = min(L, math.ceil(s * L - 1e-9))
-            if removed == 0:
-                raise UserError(f"sparsity {s:g} removes no layer of {L}; it names no compute target")
-            levels.setdefault(table.predicted_speedup({i: REMOVE for i in range(removed)}), []).append(s)
-        targets = sorted(levels)
-        outputs = {t: [Path(opts.json_out)] if opts.json_out else [Path(opts.out) / names[s] for s in levels[t]]
-                   for t in targets}
-        check_targets(targets, table, list(range(1, L - 1)), ratios, remove=False)
+        levels, targets, outputs = _compute_targets(opts, table, ratios, sparsities, names)
     else:
         table.check_model(lm.name, lm.signature())
         table.check_device(device_description(lm.device))
@@ -152,89 +123,21 @@ def run_hybrid(opts: CalibrateOptions) -> int:
     runner = StackRunner(lm.model, calib.windows, opts.batch_size)
     screen = screen_batches(opts, len(runner.batches))
     say = print if dist.is_main() else (lambda *a, **k: None)
-    say(f"{opts.method}: targets {', '.join(f'{t:.4f}x' for t in targets)} on {table.source} "
-        + ("" if ratios_mode else f"({table.device.get('name')}, {table.dtype}, {table.batch} x {table.seq_len})")
-        + "; ratios "
-        f"{', '.join(f'{r:g}' for r in ratios)}; calibration {samples} x {opts.seq_len} tokens from "
-        f"{opts.calib_data} (seed {opts.seed})" + (", exhaustive" if screen is None else
-                                                  f", screening on {screen} of {len(runner.batches)} batches")
-        + f", {dist.world_size()} process(es)")
+    say(_announcement(opts, table, targets, ratios, samples, screen, len(runner.batches), ratios_mode))
     table_digest = (hashlib.sha256(json.dumps(table.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
                     if ratios_mode else hashlib.sha256(Path(opts.cost_table).read_bytes()).hexdigest()[:16])
-
-    made: dict[float, Plan] = {}
-
-    def write(t: float, result) -> None:
-        """Make the plan of target t as the search reaches it (they are saved together at the end, so a run
-        killed midway leaves no plan file; its steps are in the checkpoint and a rerun resumes from them)."""
-        if not dist.is_main():
-            return
-        n = result.reached[t]
-        if ratios_mode:  # the last move overshot the compute target: its layer keeps a few more tokens
-            searched = result.plans[t]
-            actions = match_exactly(searched, result.steps[n - 1].layer, t, table)
-            basis = {"search": "orthorank-ratios",
-                     "reference": "this project: OrthoRank with a keep ratio per layer, greedy over (layer, ratio), "
-                                  "lowest loss increase per unit of compute saved (orthorank.search.hybrid without "
-                                  "removals), the last move's ratio then set to match pruning's compute exactly",
-                     "target_compute_sparsity": round(1 - 1 / t, 6),
-                     "compute_sparsity": round(table.compute_sparsity(actions), 6),
-                     "exact_match": {"layer": result.steps[n - 1].layer, "searched_ratio": searched[
-                         result.steps[n - 1].layer], "ratio": actions[result.steps[n - 1].layer],
-                                     "seq_len": table.seq_len},
-                     "level": "the compute sparsity of removing ceil(s L) layers"}
-        else:
-            actions = result.plans[t]
-            basis = {"search": "hybrid",
-                     "reference": "this project: greedy remove / select / keep per layer, lowest loss increase per "
-                                  "unit of predicted time saved (orthorank.search.hybrid)",
-                     "target_speedup": round(t, 6),
-                     "predicted_speedup": round(table.predicted_speedup(actions), 6),
-                     "level": ("the predicted speed-up of removing ceil(s L) layers" if levels[t][0] is not None
-                               else "a predicted speed-up"),
-                     "cost_table": {"path": str(opts.cost_table), "sha256": table_digest, "device": table.device,
-                                    "dtype": table.dtype, "batch": table.batch, "seq_len": table.seq_len,
-                                    "dense_layer_s": table.dense_layer_s, "rest_s": table.rest_s,
-                                    "selective_fraction": table.selective}}
-        plan = Plan(
-            method="hybrid", layers=[], model=lm.name, signature=lm.signature(), selection=selection,
-            target_sparsity=levels[t][0], arch=dict(arch.__dict__), actions=actions,
-            provenance={
-                **basis,
-                "ratios": ratios,
-                "cost_seq_len": opts.cost_seq_len,
-                "steps": [s.to_dict() for s in result.steps[:n]],
-                "dense_loss": round(result.dense_loss, 6),
-                "loss": round(result.steps[n - 1].loss, 6),
-                "calibration": calib.provenance,
-                "search_mode": "exhaustive" if screen is None else {"race": {"first_batches": screen,
-                                                                             "keep": opts.recheck, "alpha": ALPHA}},
-                # up to this target, over every run of a resumed search (None: steps stored before per-step timing)
-                "search_seconds": _rounded(checkpoint.seconds_at(n)),
-                "search_resumed_steps": checkpoint.resumed,
-                "search_device": f"{lm.device} x {dist.world_size()}, dtype "
-                                 f"{str(lm.model.dtype).removeprefix('torch.')}, {torch.get_num_threads()} threads",
-                "evaluations": result.evaluations,
-            },
-        )
-        made[t] = plan
-        sel = {i: round(c.ratio, 4) for i, c in plan.selection_layers.items()}
-        reach = (f"compute {plan.provenance['compute_sparsity']:.4f} (target {plan.provenance['target_compute_sparsity']:.4f})"
-                 if ratios_mode else f"predicted {plan.provenance['predicted_speedup']:.4f}x")
-        print(f"  target {t:.4f}x: {reach} after {n} steps; removed {plan.removed_layers}, selection {sel}; "
-              f"calibration loss {plan.provenance['loss']:.4f}" + (" (before the exact match)" if ratios_mode else ""),
-              flush=True)
-
     settings = {"cost_table": table_digest, "targets": targets, "ratios": ratios, "candidates": candidates,
                 "selection": selection.key_dict(), "screen_batches": screen,
                 "recheck": None if screen is None else opts.recheck, "race_alpha": None if screen is None else ALPHA}
     if ratios_mode:
         settings["remove"] = False
     checkpoint = Checkpoint.open(store_from_options(opts), runner, opts.method, settings, code="hybrid-search")
+    writer = _PlanWriter(opts, lm, arch, table, table_digest, selection, ratios, levels, calib, screen, ratios_mode,
+                         checkpoint)
     try:
         result = get_search(opts.method).run(runner, table, targets, ratios, candidates, selection, progress=True,
                                              screen_batches=screen, recheck=opts.recheck, log=say,
-                                             on_reached=write, checkpoint=checkpoint)
+                                             on_reached=writer, checkpoint=checkpoint)
     except KeyboardInterrupt:
         where = f"in {checkpoint.folder}" if checkpoint.folder is not None else "nowhere (--no-store)"
         print(f"orthorank calibrate: interrupted; {checkpoint.resumed + checkpoint.written} finished step entries "
@@ -243,11 +146,164 @@ def run_hybrid(opts: CalibrateOptions) -> int:
     say(f"{opts.method}: search took {result.seconds:.1f}s, {len(result.steps)} steps ({result.evaluations} move "
         f"evaluations; dense calibration loss {result.dense_loss:.4f})"
         + (f"; resumed {checkpoint.resumed} stored step(s)" if checkpoint.resumed else ""))
-    for t, plan in made.items():
+    for t, plan in writer.made.items():
         for path, level in zip(outputs[t], levels[t]):  # levels that name the same target share its plan
             dataclasses.replace(plan, target_sparsity=level).save(path, overwrite=opts.overwrite)
             print(f"  wrote {path}")
     return 0
+
+
+def _check_hybrid_options(opts: CalibrateOptions, ratios_mode: bool) -> None:
+    """The options a per-layer search takes, checked before anything loads."""
+    if ratios_mode:
+        if opts.cost_table is not None or opts.target_speedup is not None:
+            raise UserError("--method orthorank-ratios matches pruning's compute (the FLOP count); it takes "
+                            "--sparsity, not --cost-table or --target-speedup")
+        if opts.sparsity is None:
+            raise UserError("--method orthorank-ratios needs --sparsity")
+    elif opts.cost_table is None:
+        raise UserError("--method hybrid needs --cost-table FILE (measure it on the target device with "
+                        "`orthorank bench --cost-table FILE`)")
+    if (opts.target_speedup is None) == (opts.sparsity is None):
+        raise UserError("--method hybrid takes either --target-speedup X (predicted speed-ups) or --sparsity S "
+                        "(the speed-up of removing ceil(S L) layers), not both and not neither")
+    if opts.ratio is not None:
+        raise UserError(f"--ratio is OrthoRank's one ratio; a {opts.method} search takes --ratios")
+    if opts.match != ["compute"]:
+        raise UserError(f"--match applies to OrthoRank's layer count, not to {opts.method} searches")
+
+
+def _ratios_outputs(opts: CalibrateOptions) -> tuple[list[float], dict[float, str]]:
+    """orthorank-ratios' sparsities and their plan file names, the outputs checked writable before the model loads
+    (the targets need the model's shape: `_compute_targets`)."""
+    sparsities = parse_sparsities(opts.sparsity, search=True)
+    names = {s: f"orthorank-ratios-{sparsity_label(s)}.json" for s in sparsities}
+    if opts.json_out and len(sparsities) > 1:
+        raise UserError("--json takes one sparsity; use --out DIR for several")
+    for s in sparsities:
+        check_writable(Path(opts.json_out) if opts.json_out else Path(opts.out) / names[s], opts.overwrite)
+    return sparsities, names
+
+
+def _compute_targets(opts: CalibrateOptions, table: FlopCostTable, ratios: list[float], sparsities: list[float],
+                     names: dict[float, str]
+                     ) -> tuple[dict[float, list[float]], list[float], dict[float, list[Path]]]:
+    """orthorank-ratios' targets: pruning's compute at each sparsity on the FLOP table (levels that remove the same
+    number of layers share a target), with the sparsities and output paths of each."""
+    L = table.num_layers
+    levels: dict[float, list[float]] = {}
+    for s in sparsities:
+        removed = min(L, math.ceil(s * L - 1e-9))
+        if removed == 0:
+            raise UserError(f"sparsity {s:g} removes no layer of {L}; it names no compute target")
+        levels.setdefault(table.predicted_speedup({i: REMOVE for i in range(removed)}), []).append(s)
+    targets = sorted(levels)
+    outputs = {t: [Path(opts.json_out)] if opts.json_out else [Path(opts.out) / names[s] for s in levels[t]]
+               for t in targets}
+    check_targets(targets, table, list(range(1, L - 1)), ratios, remove=False)
+    return levels, targets, outputs
+
+
+def _announcement(opts: CalibrateOptions, table: CostTable, targets: list[float], ratios: list[float], samples: int,
+                  screen: int | None, batches: int, ratios_mode: bool) -> str:
+    """The line a search starts with: its targets, table, ratios, calibration and racing."""
+    return (f"{opts.method}: targets {', '.join(f'{t:.4f}x' for t in targets)} on {table.source} "
+            + ("" if ratios_mode else f"({table.device.get('name')}, {table.dtype}, {table.batch} x {table.seq_len})")
+            + "; ratios "
+            f"{', '.join(f'{r:g}' for r in ratios)}; calibration {samples} x {opts.seq_len} tokens from "
+            f"{opts.calib_data} (seed {opts.seed})" + (", exhaustive" if screen is None else
+                                                      f", screening on {screen} of {batches} batches")
+            + f", {dist.world_size()} process(es)")
+
+
+@dataclasses.dataclass
+class _PlanWriter:
+    """Makes the plan of each target as the search reaches it (`on_reached`). They are saved together at the end,
+    so a run killed midway leaves no plan file; its steps are in the checkpoint and a rerun resumes from them."""
+
+    opts: CalibrateOptions
+    lm: LoadedModel
+    arch: Arch
+    table: CostTable  # a FlopCostTable in ratios mode
+    table_digest: str
+    selection: SelectionConfig
+    ratios: list[float]
+    levels: dict[float, list[float | None]]
+    calib: CalibrationSet
+    screen: int | None
+    ratios_mode: bool
+    checkpoint: Checkpoint
+    made: dict[float, Plan] = dataclasses.field(default_factory=dict)
+
+    def __call__(self, t: float, result: HybridResult) -> None:
+        if not dist.is_main():
+            return
+        n = result.reached[t]
+        actions, basis = self._exact_match(t, result, n) if self.ratios_mode else self._on_table(t, result)
+        lm, opts, screen = self.lm, self.opts, self.screen
+        plan = Plan(
+            method="hybrid", layers=[], model=lm.name, signature=lm.signature(), selection=self.selection,
+            target_sparsity=self.levels[t][0], arch=dict(self.arch.__dict__), actions=actions,
+            provenance={
+                **basis,
+                "ratios": self.ratios,
+                "cost_seq_len": opts.cost_seq_len,
+                "steps": [s.to_dict() for s in result.steps[:n]],
+                "dense_loss": round(result.dense_loss, 6),
+                "loss": round(result.steps[n - 1].loss, 6),
+                "calibration": self.calib.provenance,
+                "search_mode": "exhaustive" if screen is None else {"race": {"first_batches": screen,
+                                                                             "keep": opts.recheck, "alpha": ALPHA}},
+                # up to this target, over every run of a resumed search (None: steps stored before per-step timing)
+                "search_seconds": _rounded(self.checkpoint.seconds_at(n)),
+                "search_resumed_steps": self.checkpoint.resumed,
+                "search_device": f"{lm.device} x {dist.world_size()}, dtype "
+                                 f"{str(lm.model.dtype).removeprefix('torch.')}, {torch.get_num_threads()} threads",
+                "evaluations": result.evaluations,
+            },
+        )
+        self.made[t] = plan
+        sel = {i: round(c.ratio, 4) for i, c in plan.selection_layers.items()}
+        p = plan.provenance
+        reach = (f"compute {p['compute_sparsity']:.4f} (target {p['target_compute_sparsity']:.4f})"
+                 if self.ratios_mode else f"predicted {p['predicted_speedup']:.4f}x")
+        print(f"  target {t:.4f}x: {reach} after {n} steps; removed {plan.removed_layers}, selection {sel}; "
+              f"calibration loss {p['loss']:.4f}" + (" (before the exact match)" if self.ratios_mode else ""),
+              flush=True)
+
+    def _exact_match(self, t: float, result: HybridResult, n: int) -> tuple[dict[int, str | float], dict]:
+        """orthorank-ratios: the last move overshot the compute target, so its layer keeps a few more tokens."""
+        table = self.table
+        searched = result.plans[t]
+        layer = result.steps[n - 1].layer
+        actions = match_exactly(searched, layer, t, table)
+        basis = {"search": "orthorank-ratios",
+                 "reference": "this project: OrthoRank with a keep ratio per layer, greedy over (layer, ratio), "
+                              "lowest loss increase per unit of compute saved (orthorank.search.hybrid without "
+                              "removals), the last move's ratio then set to match pruning's compute exactly",
+                 "target_compute_sparsity": round(1 - 1 / t, 6),
+                 "compute_sparsity": round(table.compute_sparsity(actions), 6),
+                 "exact_match": {"layer": layer, "searched_ratio": searched[layer], "ratio": actions[layer],
+                                 "seq_len": table.seq_len},
+                 "level": "the compute sparsity of removing ceil(s L) layers"}
+        return actions, basis
+
+    def _on_table(self, t: float, result: HybridResult) -> tuple[dict[int, str | float], dict]:
+        """hybrid: the searched actions as they are, with the measured cost table they were chosen on."""
+        table = self.table
+        actions = result.plans[t]
+        basis = {"search": "hybrid",
+                 "reference": "this project: greedy remove / select / keep per layer, lowest loss increase per "
+                              "unit of predicted time saved (orthorank.search.hybrid)",
+                 "target_speedup": round(t, 6),
+                 "predicted_speedup": round(table.predicted_speedup(actions), 6),
+                 "level": ("the predicted speed-up of removing ceil(s L) layers" if self.levels[t][0] is not None
+                           else "a predicted speed-up"),
+                 "cost_table": {"path": str(self.opts.cost_table), "sha256": self.table_digest,
+                                "device": table.device, "dtype": table.dtype, "batch": table.batch,
+                                "seq_len": table.seq_len, "dense_layer_s": table.dense_layer_s,
+                                "rest_s": table.rest_s, "selective_fraction": table.selective}}
+        return actions, basis
 
 
 def _rounded(seconds: float | None) -> float | None:

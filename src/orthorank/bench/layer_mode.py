@@ -18,7 +18,7 @@ from orthorank.method.layer import SelectiveLayer, SequenceContext
 from orthorank.method.local_attention import LocalAttention, local_attention, mean_keys_read
 from orthorank.method.orthogonality import sink_scores
 from orthorank.method.selection import SelectionConfig, keep_count, keep_to_indices
-from orthorank.models.adapters import get_adapter
+from orthorank.models.adapters import FamilyAdapter, get_adapter
 from orthorank.runtime.costmodel import flop_layer_cost, kv_fraction, selective_layer_cost
 from orthorank.runtime.timing import interleaved_rounds, summarize, synchronize, time_call
 from orthorank.bench.runner import RunSettings
@@ -36,44 +36,8 @@ def run_layer(model: nn.Module, selection: SelectionConfig, settings: RunSetting
     idx = len(layers) // 2 if layer_index is None else layer_index
     if not 0 <= idx < len(layers):
         raise UserError(f"--layer-index {idx} is out of range for {len(layers)} layers")
-    layer = layers[idx]
-    cfg = model.config
-    dtype = next(layer.parameters()).dtype
-    B, T = settings.batch, settings.seq_len
-    gen = torch.Generator().manual_seed(settings.seed)
     with torch.inference_mode():
-        h = torch.randn(B, T, cfg.hidden_size, generator=gen).to(device=device, dtype=dtype)
-        pos = torch.arange(T, device=device).unsqueeze(0)
-        pos_emb = adapter.position_embeddings(model, h, pos, idx)
-        kwargs = dict(attention_mask=None, position_ids=pos, position_embeddings=pos_emb, use_cache=False)
-        context = SequenceContext()
-        wrapper = SelectiveLayer(layer, adapter, selection, context, idx)
-        x = adapter.attention_input(layer, h)
-        src = adapter.score_input(h, x) if selection.source == "normed" else h
-        sink = src[:, 0]
-        if hasattr(wrapper, "select_indices"):
-            def select() -> Any:
-                return wrapper.select_indices(h, x)
-        else:  # the pre-optimization layer
-            def select() -> Any:
-                return keep_to_indices(wrapper._select(h, x, 0))
-        unchunked = SelectiveLayer(layer, adapter, selection, SequenceContext(), idx)
-        unchunked.max_attention_chunks = 1
-        arch = Arch.from_config(cfg, 1)
-        path, chunks = query_chunks(keep_count(T, selection.ratio), T, arch.heads // arch.kv_heads, wrapper._window,
-                                    wrapper.max_attention_chunks, wrapper.min_chunk_keys, True, device.type == "cpu")
-        types = getattr(cfg, "layer_types", None)
-        sliding = isinstance(types, list) and "sliding" in str(types[idx])  # a window: not the causal comparison
-        attention = {} if sliding else _attention_alone(cfg, select(), T, wrapper, dtype, device, settings.seed)
-        fns = {
-            **attention,
-            "dense_layer": lambda: layer(h, **kwargs),
-            "selective_layer": lambda: wrapper(h, **kwargs),
-            "selective_layer_unchunked": lambda: unchunked(h, **kwargs),
-            "input_norm": lambda: adapter.attention_input(layer, h),
-            "scoring": lambda: sink_scores(src, sink, selection.criterion),
-            "scoring_and_topk": select,
-        }
+        fns, path, chunks = _layer_calls(model, adapter, layers[idx], idx, selection, settings, device)
         times = interleaved_rounds(
             list(fns), lambda name: time_call(fns[name], device), settings.repeats, settings.warmup, rotate=False,
             on_round=lambda r, t: log(f"  round {r + 1}/{settings.repeats}: dense {t['dense_layer'][-1] * 1e3:.1f} "
@@ -85,14 +49,67 @@ def run_layer(model: nn.Module, selection: SelectionConfig, settings: RunSetting
             except Exception as exc:  # the profiler is a diagnostic: never lose the timings to it
                 prof = {"error": f"{type(exc).__name__}: {exc}"}
     stats = {k: summarize(v) for k, v in times.items()}
+    synchronize(device)
+    return _layer_report(model.config, selection, settings, idx, stats, path, len(chunks), prof)
+
+
+def _layer_calls(model: nn.Module, adapter: FamilyAdapter, layer: nn.Module, idx: int, selection: SelectionConfig,
+                 settings: RunSettings, device: torch.device
+                 ) -> tuple[dict[str, Callable[[], Any]], str, list[tuple[int, int]]]:
+    """What run_layer times, each a call on the same random hidden states of layer `idx` (the dense layer, the
+    selection layer chunked and unchunked, the input norm, scoring, scoring + top-K, and the attention alone), with
+    the attention path and query chunks the selection layer takes. Call under inference mode."""
+    cfg = model.config
+    dtype = next(layer.parameters()).dtype
+    B, T = settings.batch, settings.seq_len
+    gen = torch.Generator().manual_seed(settings.seed)
+    h = torch.randn(B, T, cfg.hidden_size, generator=gen).to(device=device, dtype=dtype)
+    pos = torch.arange(T, device=device).unsqueeze(0)
+    pos_emb = adapter.position_embeddings(model, h, pos, idx)
+    kwargs = dict(attention_mask=None, position_ids=pos, position_embeddings=pos_emb, use_cache=False)
+    context = SequenceContext()
+    wrapper = SelectiveLayer(layer, adapter, selection, context, idx)
+    x = adapter.attention_input(layer, h)
+    src = adapter.score_input(h, x) if selection.source == "normed" else h
+    sink = src[:, 0]
+    if hasattr(wrapper, "select_indices"):
+        def select() -> Any:
+            return wrapper.select_indices(h, x)
+    else:  # the pre-optimization layer
+        def select() -> Any:
+            return keep_to_indices(wrapper._select(h, x, 0))
+    unchunked = SelectiveLayer(layer, adapter, selection, SequenceContext(), idx)
+    unchunked.max_attention_chunks = 1
+    arch = Arch.from_config(cfg, 1)
+    path, chunks = query_chunks(keep_count(T, selection.ratio), T, arch.heads // arch.kv_heads, wrapper._window,
+                                wrapper.max_attention_chunks, wrapper.min_chunk_keys, True, device.type == "cpu")
+    types = getattr(cfg, "layer_types", None)
+    sliding = isinstance(types, list) and "sliding" in str(types[idx])  # a window: not the causal comparison
+    attention = {} if sliding else _attention_alone(cfg, select(), T, wrapper, dtype, device, settings.seed)
+    fns = {
+        **attention,
+        "dense_layer": lambda: layer(h, **kwargs),
+        "selective_layer": lambda: wrapper(h, **kwargs),
+        "selective_layer_unchunked": lambda: unchunked(h, **kwargs),
+        "input_norm": lambda: adapter.attention_input(layer, h),
+        "scoring": lambda: sink_scores(src, sink, selection.criterion),
+        "scoring_and_topk": select,
+    }
+    return fns, path, chunks
+
+
+def _layer_report(cfg: Any, selection: SelectionConfig, settings: RunSettings, idx: int,
+                  stats: dict[str, dict[str, Any]], path: str, n_chunks: int, prof: Any) -> dict[str, Any]:
+    """run_layer's result: the timings, and each part's time as a share of the dense layer's beside the ideal
+    (FLOP) share."""
+    T = settings.seq_len
     dense = stats["dense_layer"]["median_s"]
     frac = stats["selective_layer"]["median_s"] / dense
     f_kv = kv_fraction(cfg)
     ideal = flop_layer_cost(cfg, T, selection.ratio)
-    synchronize(device)
     return {
         "mode": "layer",
-        "batch": B,
+        "batch": settings.batch,
         "seq_len": T,
         "layer_index": idx,
         **({"layer_type": cfg.layer_types[idx]} if isinstance(getattr(cfg, "layer_types", None), list) else {}),
@@ -108,26 +125,33 @@ def run_layer(model: nn.Module, selection: SelectionConfig, settings: RunSetting
         "scoring_fraction_of_dense": stats["scoring"]["median_s"] / dense,
         "selection_fraction_of_dense": stats["scoring_and_topk"]["median_s"] / dense,
         "unchunked_attention_cost_fraction": stats["selective_layer_unchunked"]["median_s"] / dense,
-        "attention_chunks": len(chunks),
+        "attention_chunks": n_chunks,
         "attention_path": path,
         # the attention of the selected queries alone, against the dense layer's causal kernel on the same keys
-        **({"attention_alone": {
-            "masked_fraction_of_causal": stats["attention_masked"]["median_s"] / stats["attention_causal"]["median_s"],
-            "split_fraction_of_causal": stats["attention_split"]["median_s"] / stats["attention_causal"]["median_s"],
-            "query_fraction": keep_count(T, selection.ratio) / T,
-            "causal_share_of_dense_layer": stats["attention_causal"]["median_s"] / dense,
-            "in_use": path,
-            "local_fraction_of_causal": stats["attention_local"]["median_s"] / stats["attention_causal"]["median_s"],
-            # what time would be if it followed the keys read (method/local_attention.py's cost model)
-            "local_ideal_fraction_of_causal": mean_keys_read(T, LocalAttention()) / ((T + 1) / 2),
-            "note": "masked: method/attention.py's query chunks with a boolean mask; split: method/attention_split.py "
-                    "(prefix unmasked + diagonal masked, merged by log-sum-exp), which full-attention selection "
-                    f"layers use on CPU from {SPLIT_MIN_KEYS} keys on; local: the local schedule's blocked kernel "
-                    "(method/local_attention.py) over every query"}}
+        **({"attention_alone": _attention_report(stats, dense, T, selection, path)}
            if "attention_split" in stats else {}),
         "scores_bmm_out_dtype": _bmm_flag(),
         "profile": prof,
     }
+
+
+def _attention_report(stats: dict[str, dict[str, Any]], dense: float, T: int, selection: SelectionConfig,
+                      path: str) -> dict[str, Any]:
+    """The attention of the selected queries alone, each kernel's time as a share of the dense causal kernel's."""
+    causal = stats["attention_causal"]["median_s"]
+    return {
+        "masked_fraction_of_causal": stats["attention_masked"]["median_s"] / causal,
+        "split_fraction_of_causal": stats["attention_split"]["median_s"] / causal,
+        "query_fraction": keep_count(T, selection.ratio) / T,
+        "causal_share_of_dense_layer": causal / dense,
+        "in_use": path,
+        "local_fraction_of_causal": stats["attention_local"]["median_s"] / causal,
+        # what time would be if it followed the keys read (method/local_attention.py's cost model)
+        "local_ideal_fraction_of_causal": mean_keys_read(T, LocalAttention()) / ((T + 1) / 2),
+        "note": "masked: method/attention.py's query chunks with a boolean mask; split: method/attention_split.py "
+                "(prefix unmasked + diagonal masked, merged by log-sum-exp), which full-attention selection "
+                f"layers use on CPU from {SPLIT_MIN_KEYS} keys on; local: the local schedule's blocked kernel "
+                "(method/local_attention.py) over every query"}
 
 
 def _attention_alone(cfg, selected, T: int, wrapper, dtype: torch.dtype, device: torch.device,

@@ -38,6 +38,7 @@ from tqdm.auto import tqdm
 
 from orthorank import distributed as dist
 from orthorank.method.cost import closest_count
+from orthorank.method.layer import SelectiveLayer
 from orthorank.search.checkpoint import Checkpoint, stored_steps
 from orthorank.search.layer_search import StackRunner
 from orthorank.search.racing import ScoreMemo, race
@@ -48,6 +49,7 @@ from orthorank.method.selection import SelectionConfig, keep_count
 
 Action = "str | float | None"  # None: kept (dense); a ratio: selection layer; "remove"
 Move = tuple  # (layer, new action)
+Scorer = Callable[[list[Move], list[int]], dict[Move, dict[int, torch.Tensor]]]  # moves, batches -> window NLLs
 
 
 @dataclass
@@ -155,99 +157,26 @@ def hybrid_search(runner: StackRunner, table: CostTable, targets: list[float], r
     interrupted run are replayed first (their targets reported again through `on_reached`)."""
     start_t = time.perf_counter()
     checkpoint = checkpoint or Checkpoint(None)
-    done = checkpoint.load()
     base = selection or SelectionConfig()
-    if table.num_layers != len(runner.layers):
-        raise UserError(f"{table.source} is for {table.num_layers} layers, the model has {len(runner.layers)}")
-    for r in ratios:
-        table.fraction(r)  # every ratio searched must be on the table
-    targets = check_targets(targets, table, candidates, ratios, remove)
+    targets = _checked_targets(runner, table, targets, ratios, candidates, remove)
     dense_cost = table.model_cost({})
-    actions: dict[int, str | float] = {}
-    config: dict = {}
-    replay = stored_steps(done)
-    if not replay:
-        loss = dense_loss = runner.cache(config)
-        if 0 not in done:
-            checkpoint.put(0, {"dense_loss": dense_loss})
-    L = len(runner.layers)
+    result, actions, config, pending, loss = _start_or_resume(runner, base, targets, checkpoint, log, on_reached)
+    steps = result.steps
     n_batches = len(runner.batches)
     screen = n_batches if screen_batches is None else max(1, min(screen_batches, n_batches))
-    all_tokens = runner.tokens
-    steps: list[HybridStep] = []
-    pending = list(targets)
-    reached_now: list[float] = []
-    for st in replay:  # an interrupted run's steps, as they were taken
-        fields = {k: st[k] for k in ("layer", "before", "after", "loss", "delta_loss", "saved", "rate", "speedup",
-                                     "finishing")}
-        steps.append(HybridStep(**fields))
-        actions[st["layer"]] = st["after"]
-        config[st["layer"]] = None if st["after"] == REMOVE else runner.wrap(
-            st["layer"], replace(base, ratio=float(st["after"])))
-        runner.evaluations = st["evaluations"]
-        while pending and st["speedup"] >= pending[0] - 1e-12:
-            t = pending.pop(0)
-            reached_now.append(t)
-    result = HybridResult(steps, done[0]["dense_loss"] if replay else dense_loss, 0.0, 0)
-    checkpoint.resumed = len(replay)
-    if replay:
-        dense_loss = result.dense_loss
-        loss = runner.cache(config)  # the cached layer inputs of the replayed configuration
-        if log is not None and dist.is_main():
-            log(f"  resumed {len(replay)} finished step(s) from {checkpoint.folder}")
-        snapshot: dict[int, str | float] = {}
-        for k, st in enumerate(steps, 1):
-            snapshot[st.layer] = st.after
-            for t in [t for t in reached_now if t not in result.plans and st.speedup >= t - 1e-12]:
-                result.plans[t] = dict(snapshot)
-                result.reached[t] = k
-                if on_reached is not None:
-                    result.evaluations = runner.evaluations
-                    on_reached(t, result)
     bar = tqdm(total=None, desc="hybrid search", disable=not progress or not dist.is_main(), leave=True,
                unit="step")
-
-    def module(move: Move):
-        layer, action = move
-        return None if action == REMOVE else runner.wrap(layer, replace(base, ratio=float(action)))
-
-    def score(moves: list[Move], batches: list[int]) -> dict[Move, dict[int, torch.Tensor]]:
-        mine = {m: runner.window_losses({**config, m[0]: module(m)}, m[0], batches) for m in dist.shard(moves)}
-        runner.evaluations += len(moves)
-        merged: dict[Move, dict[int, torch.Tensor]] = {}
-        for part in dist.all_gather(mine):
-            merged.update(part)
-        return merged
-
+    score = _move_scorer(runner, base, config)
     while pending:
         moves = moves_from(actions, candidates, ratios, table, remove)
         if not moves:  # cannot happen after check_targets; kept as a guard
             raise UserError(f"no move left before reaching {pending[0]:g}x")
-        now_cost = table.model_cost(actions)
-        saved = {m: (table.layer_cost(actions.get(m[0])) - table.layer_cost(m[1])) / dense_cost for m in moves}
-        speed = {m: dense_cost / (now_cost - saved[m] * dense_cost) for m in moves}
-        # The current configuration's per-window NLL (the head on the cached final states: no layer re-runs).
-        base_w = torch.cat([w.double() for w in runner.window_losses(config, L, range(n_batches)).values()])
-        scored = ScoreMemo(score)
-
-        def full_loss(m: Move) -> float:
-            return float(sum(scored([m], list(range(n_batches)))[m].values()).sum()) / all_tokens
-
-        tie = lambda m: (-saved[m], *_sort_key(m))  # noqa: E731
-        rates = race(moves, scored, n_batches, screen, recheck, tie,
-                     value=lambda m, w: (w - base_w[:w.numel()]) / saved[m])
-        pick = min(rates, key=lambda m: (rates[m], *tie(m)))
-        finishing = False
-        reach = [m for m in moves if speed[m] >= pending[0] - 1e-12]
-        if reach:
-            losses = race(reach, scored, n_batches, screen, recheck, tie)
-            fin = min(losses, key=lambda m: (losses[m], *tie(m)))
-            if full_loss(fin) <= full_loss(pick) + 1e-12:
-                pick, finishing = fin, True
+        saved, speed = _savings(table, actions, moves, dense_cost)
+        pick, finishing = _pick_move(runner, config, score, moves, saved, speed, pending[0], screen, recheck)
         layer, after = pick
         before = actions.get(layer)
         actions[layer] = after
-        config[layer] = module(pick)
+        config[layer] = _move_module(runner, base, pick)
         new_loss = runner.cache(config, layer)
         sp = table.predicted_speedup(actions)
         steps.append(HybridStep(layer, before, after, new_loss, new_loss - loss, saved[pick],
@@ -273,3 +202,116 @@ def hybrid_search(runner: StackRunner, table: CostTable, targets: list[float], r
     result.seconds = time.perf_counter() - start_t
     result.evaluations = runner.evaluations
     return result
+
+
+def _checked_targets(runner: StackRunner, table: CostTable, targets: list[float], ratios: list[float],
+                     candidates: list[int], remove: bool) -> list[float]:
+    """The targets, sorted, once the table is known to fit the model and to hold every ratio searched."""
+    if table.num_layers != len(runner.layers):
+        raise UserError(f"{table.source} is for {table.num_layers} layers, the model has {len(runner.layers)}")
+    for r in ratios:
+        table.fraction(r)  # every ratio searched must be on the table
+    return check_targets(targets, table, candidates, ratios, remove)
+
+
+def _move_module(runner: StackRunner, base: SelectionConfig, move: Move) -> SelectiveLayer | None:
+    """The module a move puts in its layer: None for a removal, else the layer selecting at the move's ratio."""
+    layer, action = move
+    return None if action == REMOVE else runner.wrap(layer, replace(base, ratio=float(action)))
+
+
+def _start_or_resume(runner: StackRunner, base: SelectionConfig, targets: list[float], checkpoint: Checkpoint,
+                     log: Callable[[str], None] | None,
+                     on_reached: Callable[[float, HybridResult], None] | None
+                     ) -> tuple[HybridResult, dict[int, str | float], dict, list[float], float]:
+    """The search's starting point: the dense model, or the configuration an interrupted run's stored steps reached
+    (replayed as they were taken; the targets they reached reported again through `on_reached`). Returns the
+    result so far, the actions and layer modules, the targets still pending and the current calibration loss; the
+    layer inputs of the starting configuration are cached."""
+    done = checkpoint.load()
+    actions: dict[int, str | float] = {}
+    config: dict = {}
+    pending = list(targets)
+    replay = stored_steps(done)
+    checkpoint.resumed = len(replay)
+    if not replay:
+        loss = runner.cache(config)
+        if 0 not in done:
+            checkpoint.put(0, {"dense_loss": loss})
+        return HybridResult([], loss, 0.0, 0), actions, config, pending, loss
+    steps: list[HybridStep] = []
+    reached_now: list[float] = []
+    for st in replay:  # an interrupted run's steps, as they were taken
+        fields = {k: st[k] for k in ("layer", "before", "after", "loss", "delta_loss", "saved", "rate", "speedup",
+                                     "finishing")}
+        steps.append(HybridStep(**fields))
+        actions[st["layer"]] = st["after"]
+        config[st["layer"]] = _move_module(runner, base, (st["layer"], st["after"]))
+        runner.evaluations = st["evaluations"]
+        while pending and st["speedup"] >= pending[0] - 1e-12:
+            reached_now.append(pending.pop(0))
+    result = HybridResult(steps, done[0]["dense_loss"], 0.0, 0)
+    loss = runner.cache(config)  # the cached layer inputs of the replayed configuration
+    if log is not None and dist.is_main():
+        log(f"  resumed {len(replay)} finished step(s) from {checkpoint.folder}")
+    snapshot: dict[int, str | float] = {}
+    for k, st in enumerate(steps, 1):
+        snapshot[st.layer] = st.after
+        for t in [t for t in reached_now if t not in result.plans and st.speedup >= t - 1e-12]:
+            result.plans[t] = dict(snapshot)
+            result.reached[t] = k
+            if on_reached is not None:
+                result.evaluations = runner.evaluations
+                on_reached(t, result)
+    return result, actions, config, pending, loss
+
+
+def _move_scorer(runner: StackRunner, base: SelectionConfig, config: dict) -> Scorer:
+    """The race's scoring: per-window losses of each move on top of `config` (read at call time, so it follows the
+    search's steps), the moves split across ranks and gathered on every rank."""
+
+    def score(moves: list[Move], batches: list[int]) -> dict[Move, dict[int, torch.Tensor]]:
+        mine = {m: runner.window_losses({**config, m[0]: _move_module(runner, base, m)}, m[0], batches)
+                for m in dist.shard(moves)}
+        runner.evaluations += len(moves)
+        merged: dict[Move, dict[int, torch.Tensor]] = {}
+        for part in dist.all_gather(mine):
+            merged.update(part)
+        return merged
+
+    return score
+
+
+def _savings(table: CostTable, actions: dict[int, str | float], moves: list[Move],
+             dense_cost: float) -> tuple[dict[Move, float], dict[Move, float]]:
+    """Each move's predicted time saved (a share of the dense model's) and the predicted speed-up after it."""
+    now_cost = table.model_cost(actions)
+    saved = {m: (table.layer_cost(actions.get(m[0])) - table.layer_cost(m[1])) / dense_cost for m in moves}
+    speed = {m: dense_cost / (now_cost - saved[m] * dense_cost) for m in moves}
+    return saved, speed
+
+
+def _pick_move(runner: StackRunner, config: dict, score: Scorer, moves: list[Move], saved: dict[Move, float],
+               speed: dict[Move, float], target: float, screen: int, recheck: int) -> tuple[Move, bool]:
+    """One step's move and whether the finishing rule chose it: the best rate of loss for time saved (raced), unless
+    a move that reaches `target` finishes at no more loss (see the module docstring)."""
+    n_batches = len(runner.batches)
+    # The current configuration's per-window NLL (the head on the cached final states: no layer re-runs).
+    base_w = torch.cat([w.double() for w in runner.window_losses(config, len(runner.layers),
+                                                                 range(n_batches)).values()])
+    scored = ScoreMemo(score)
+
+    def full_loss(m: Move) -> float:
+        return float(sum(scored([m], list(range(n_batches)))[m].values()).sum()) / runner.tokens
+
+    tie = lambda m: (-saved[m], *_sort_key(m))  # noqa: E731
+    rates = race(moves, scored, n_batches, screen, recheck, tie,
+                 value=lambda m, w: (w - base_w[:w.numel()]) / saved[m])
+    pick = min(rates, key=lambda m: (rates[m], *tie(m)))
+    reach = [m for m in moves if speed[m] >= target - 1e-12]
+    if reach:
+        losses = race(reach, scored, n_batches, screen, recheck, tie)
+        fin = min(losses, key=lambda m: (losses[m], *tie(m)))
+        if full_loss(fin) <= full_loss(pick) + 1e-12:
+            return fin, True
+    return pick, False

@@ -175,45 +175,19 @@ def greedy_search(
     first (search/checkpoint.py)."""
     start_t = time.perf_counter()
     checkpoint = checkpoint or Checkpoint(None)
-    done = checkpoint.load()
-    config: Config = {}
-    order, losses = [], []
-    remaining = list(candidates)
-    replay = stored_steps(done)[:steps]
-    for s in replay:
-        config[s["layer"]] = change(s["layer"])
-        order.append(s["layer"])
-        losses.append(s["loss"])
-        remaining.remove(s["layer"])
-        runner.evaluations = s["evaluations"]
-    checkpoint.resumed = len(replay)
+    config, order, losses, remaining, earlier, dense_loss = _replay_greedy(runner, checkpoint, steps, candidates,
+                                                                           change)
     # Search time across runs: each stored step carries the seconds spent up to it, so a resumed search reports
     # the whole search's time (the replay's one forward pass aside), not only its last run's.
-    earlier = float(replay[-1].get("seconds", 0.0)) if replay else 0.0
     start_t -= earlier
-    if 0 in done and replay:
-        dense_loss = done[0]["dense_loss"]
-        runner.cache(config)  # the cached layer inputs of the replayed configuration
-    else:
-        dense_loss = runner.cache(config)
-        if 0 not in done:
-            checkpoint.put(0, {"dense_loss": dense_loss})
-    if replay and log is not None and dist.is_main():
-        log(f"  resumed {len(replay)} finished step(s) from {checkpoint.folder}: layers {order}")
+    if order and log is not None and dist.is_main():
+        log(f"  resumed {len(order)} finished step(s) from {checkpoint.folder}: layers {order}")
     n_batches = len(runner.batches)
     screen = n_batches if screen_batches is None else max(1, min(screen_batches, n_batches))
     steps = min(steps, len(order) + len(remaining))
     bar = tqdm(total=steps, initial=len(order), desc=desc, disable=not progress or not dist.is_main(), leave=True,
                unit="step")
-
-    def score(cands: list[int], batches: list[int]) -> dict[int, dict[int, torch.Tensor]]:
-        mine = {c: runner.window_losses({**config, c: change(c)}, c, batches) for c in dist.shard(cands)}
-        runner.evaluations += len(cands)
-        merged: dict[int, dict[int, torch.Tensor]] = {}
-        for part in dist.all_gather(mine):
-            merged.update(part)
-        return merged
-
+    score = _candidate_scorer(runner, config, change)
     while len(order) < steps:
         trace: list[tuple[int, int]] = []
         totals = race(remaining, score, n_batches, screen, keep=recheck, trace=trace)
@@ -233,6 +207,51 @@ def greedy_search(
                 f"({time.perf_counter() - start_t:.0f}s)")
     bar.close()
     return SearchResult(order, losses, dense_loss, time.perf_counter() - start_t, runner.evaluations)
+
+
+def _replay_greedy(runner: StackRunner, checkpoint: Checkpoint, steps: int, candidates: list[int],
+                   change: Callable[[int], nn.Module | None]
+                   ) -> tuple[Config, list[int], list[float], list[int], float, float]:
+    """Replay the steps an interrupted run stored (at most `steps`) and cache the layer inputs of the configuration
+    they reach, so the search goes on from there: (config, order, losses, remaining candidates, seconds the stored
+    steps took, dense loss). A fresh search stores the dense loss as entry 0."""
+    done = checkpoint.load()
+    config: Config = {}
+    order, losses = [], []
+    remaining = list(candidates)
+    replay = stored_steps(done)[:steps]
+    for s in replay:
+        config[s["layer"]] = change(s["layer"])
+        order.append(s["layer"])
+        losses.append(s["loss"])
+        remaining.remove(s["layer"])
+        runner.evaluations = s["evaluations"]
+    checkpoint.resumed = len(replay)
+    earlier = float(replay[-1].get("seconds", 0.0)) if replay else 0.0
+    if 0 in done and replay:
+        dense_loss = done[0]["dense_loss"]
+        runner.cache(config)  # the cached layer inputs of the replayed configuration
+    else:
+        dense_loss = runner.cache(config)
+        if 0 not in done:
+            checkpoint.put(0, {"dense_loss": dense_loss})
+    return config, order, losses, remaining, earlier, dense_loss
+
+
+def _candidate_scorer(runner: StackRunner, config: Config, change: Callable[[int], nn.Module | None]
+                      ) -> Callable[[list[int], list[int]], dict[int, dict[int, torch.Tensor]]]:
+    """The race's scoring: per-window losses of each candidate's change on top of `config` (read at call time, so
+    it follows the search's choices), the candidates split across ranks and gathered on every rank."""
+
+    def score(cands: list[int], batches: list[int]) -> dict[int, dict[int, torch.Tensor]]:
+        mine = {c: runner.window_losses({**config, c: change(c)}, c, batches) for c in dist.shard(cands)}
+        runner.evaluations += len(cands)
+        merged: dict[int, dict[int, torch.Tensor]] = {}
+        for part in dist.all_gather(mine):
+            merged.update(part)
+        return merged
+
+    return score
 
 
 def one_shot_ppl(runner: StackRunner, candidates: list[int], progress: bool = True,
