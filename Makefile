@@ -24,7 +24,7 @@ demo: $(STAMP)
 
 # README and docs blocks that quote committed results, rewritten from them (tests/project/test_docs.py checks them).
 docs: $(STAMP)
-	$(PY) -m orthorank.study.docs_blocks
+	$(PY) -m tools.docs_blocks
 
 # Tests run in TEST_WORKERS processes of one torch thread each (pytest-xdist): on 2 cores the suite takes 16 min
 # instead of 27 (tests are mostly single-threaded Python; none is timed).

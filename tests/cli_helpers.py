@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from orthorank.cli.main import main
+from orthorank.harness.cli.main import main
 
 
 def run_cli(capsys, *argv):

@@ -115,7 +115,7 @@ def pytest_collection_modifyitems(config, items):
     """Tests marked `data` read ../shared/data (or ORTHORANK_DATA_DIR); without it they are skipped, saying why.
     Tests marked `slow` run only with --slow. Every flex_attention case is `heavy` (its kernels compile on first
     use), so `make test-fast` leaves them to `make test`."""
-    from orthorank.evaluation.data import find_data_dir
+    from orthorank.harness.evaluation.data import find_data_dir
 
     for item in items:
         if "flex_attention" in item.name:

@@ -46,5 +46,5 @@ for run in $RUNS; do
   printf '%s' "$settings" > $d/settings.txt
 done
 if [ -n "${PRESET:-}" ]; then
-  $PY -m orthorank.study.presets studies/long-prompt/calibration/*/*/frontier.json --name long-prompt
+  $PY -m orthorank.harness.study.presets studies/long-prompt/calibration/*/*/frontier.json --name long-prompt
 fi

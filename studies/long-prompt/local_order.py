@@ -17,14 +17,14 @@ import json
 import sys
 import time
 
-from orthorank.api import frontier as F
-from orthorank.api.common import load_model_from_options
-from orthorank.api.options import FrontierOptions
-from orthorank.evaluation.longctx import Row, summarize
+from orthorank.harness.api import frontier as F
+from orthorank.harness.api.common import load_model_from_options
+from orthorank.harness.api.options import FrontierOptions
+from orthorank.harness.evaluation.longctx import Row, summarize
 from orthorank.method.cost import Arch
 from orthorank.method.local_attention import LocalAttention
 from orthorank.method.plan import Plan
-from orthorank.results import write_json
+from orthorank.harness.results import write_json
 
 TASKS = ["niah_single", "niah_multikey"]
 

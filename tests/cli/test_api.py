@@ -1,4 +1,4 @@
-"""The library's typed options (orthorank.api.options) against the CLI's parsers: same names, same defaults, and a
+"""The library's typed options (orthorank.harness.api.options) against the CLI's parsers: same names, same defaults, and a
 command line written from options parses back to the same options. The study builds these options from its budget
 and calls the library with them; the CLI fills them from a command line."""
 
@@ -9,11 +9,11 @@ import dataclasses
 
 import pytest
 
-from orthorank.api import JOBS, job
-from orthorank.api.options import BY_COMMAND, CompareOptions, FitRouterOptions, BenchOptions
-from orthorank.cli.main import COMMANDS, OPTIONS, build_parser
-from orthorank.cli.parser import DeprecatedAlias
-from orthorank.study.options import StudyOptions
+from orthorank.harness.api import JOBS, job
+from orthorank.harness.api.options import BY_COMMAND, CompareOptions, FitRouterOptions, BenchOptions
+from orthorank.harness.cli.main import COMMANDS, OPTIONS, build_parser
+from orthorank.harness.cli.parser import DeprecatedAlias
+from orthorank.harness.study.options import StudyOptions
 
 
 def _subparsers() -> dict[str, argparse.ArgumentParser]:
@@ -72,13 +72,13 @@ def test_every_library_job_is_one_the_cli_dispatches():
 
 
 def test_the_study_calls_the_library_not_the_cli(monkeypatch, tmp_path):
-    """A stage hands typed options to orthorank.api.call (no command line is built or parsed between them), and a
+    """A stage hands typed options to orthorank.harness.api.call (no command line is built or parsed between them), and a
     bad input inside a stage stops the stage with the command's one-line reason."""
-    from orthorank import api
+    from orthorank.harness import api
     from orthorank.errors import UserError
-    from orthorank.study.budgets import get_budget
-    from orthorank.study.context import StudyContext
-    from orthorank.study.stages import STAGES, run_stage
+    from orthorank.harness.study.budgets import get_budget
+    from orthorank.harness.study.context import StudyContext
+    from orthorank.harness.study.stages import STAGES, run_stage
 
     seen = []
 

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from cli_helpers import assert_user_error, run_cli
-from orthorank.cli.main import main
+from orthorank.harness.cli.main import main
 
 
 def _usage_error(capsys, fragment: str, *argv) -> None:

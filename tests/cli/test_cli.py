@@ -107,7 +107,7 @@ def test_plan_files(capsys, tiny_hf_folder, text_file, tmp_path):
 
 def test_console_script_exit_code(tmp_path):
     """Through a real process: exit status 2 and no traceback."""
-    proc = subprocess.run([sys.executable, "-m", "orthorank.cli.main", "ppl", "--dataset", tmp_path / "none.txt"],
+    proc = subprocess.run([sys.executable, "-m", "orthorank.harness.cli.main", "ppl", "--dataset", tmp_path / "none.txt"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith("orthorank ppl: error:")

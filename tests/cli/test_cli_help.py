@@ -11,7 +11,7 @@ import re
 import pytest
 
 from cli_helpers import run_cli
-from orthorank.cli.main import build_parser, main
+from orthorank.harness.cli.main import build_parser, main
 
 FLAGS = (argparse._StoreTrueAction, argparse._StoreFalseAction, argparse._HelpAction, argparse._VersionAction)
 

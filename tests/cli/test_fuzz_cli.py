@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from orthorank.cli.main import main
+from orthorank.harness.cli.main import main
 
 NUM = ["0", "1", "2", "-1", "abc", "1.5", "nan", ""]
 SMALL = ["1", "2", "0", "-3", "x"]
@@ -168,7 +168,7 @@ def test_random_arguments_many(command, fuzz_paths):
 
 
 def test_every_subcommand_is_fuzzed():
-    from orthorank.cli.main import build_parser
+    from orthorank.harness.cli.main import build_parser
 
     sub = next(a for a in build_parser()._actions if a.dest == "command")
     assert set(sub.choices) == set(COMMANDS), set(sub.choices) ^ set(COMMANDS)

@@ -16,10 +16,11 @@ from orthorank.method.apply import selective
 import torch.nn.functional as F
 
 from conftest import tiny_model
-from orthorank.analysis import analyze, load_compare, observations, render_report
-from orthorank.analysis.plots import render_figures
-from orthorank.analysis.report import FIGURES, per_layer_columns
-from orthorank.cli.main import main
+from orthorank.harness.analysis import analyze, observations
+from orthorank.harness.reports.analysis import load_compare, render_report
+from orthorank.harness.analysis.plots import render_figures
+from orthorank.harness.reports.analysis import FIGURES, per_layer_columns
+from orthorank.harness.cli.main import main
 from orthorank.errors import UserError
 from orthorank.method import SelectionConfig, apply_orthorank, restore_dense
 
@@ -101,7 +102,7 @@ def test_statistics_match_a_manual_computation(tiny, result):
 def test_attention_share_matches_eager_attention_weights(family, overrides, monkeypatch):
     """The hooks recompute attention from q/k (in query blocks, made small here); eager attention's own weights
     must agree, per head."""
-    monkeypatch.setattr("orthorank.analysis.stats._QUERY_BLOCK", 7)
+    monkeypatch.setattr("orthorank.harness.analysis.stats._QUERY_BLOCK", 7)
     eager = tiny_model(family, layers=2, attn="eager", **overrides)
     res = analyze(eager, TINY_IDS, sample_tokens=8)
     out = eager(TINY_IDS, output_attentions=True, use_cache=False)

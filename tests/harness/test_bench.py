@@ -15,10 +15,10 @@ import torch
 from orthorank.method.apply import selective
 
 from conftest import tiny_model
-from orthorank.runtime.costmodel import (
+from orthorank.harness.runtime.costmodel import (
     flop_layer_cost, ideal_speedup, kv_fraction, selective_layer_cost, spread_layers,
 )
-from orthorank.cli.main import main
+from orthorank.harness.cli.main import main
 from orthorank.method import SelectionConfig, apply_orthorank
 from orthorank.method.attention import _chunks
 from orthorank.method.layer import SelectiveLayer
@@ -148,13 +148,13 @@ def test_bench_cli_prefill_decode_layer(tmp_path):
     alone = layer["attention_alone"]  # 24 tokens fit the local window: its keys are every key, its ideal is 1
     assert alone["local_fraction_of_causal"] > 0 and alone["local_ideal_fraction_of_causal"] == pytest.approx(1.0)
     assert runs["prefill"]["methods"][0]["speedup_vs_dense_best_runs"] == pytest.approx(1.0)
-    from orthorank.bench.report import markdown_table
+    from orthorank.harness.reports.speed import markdown_table
 
     table = markdown_table([data])
     assert table.count("\n| smollm2-135m-shape (4 layers) |") == 6 and "| smollm2-135m-shape | CPU" in table
 
 def test_layer_profile_sorts_operators_into_families(tmp_path, capsys):
-    from orthorank.bench.layer_mode import profile_category
+    from orthorank.harness.speed.layer_mode import profile_category
 
     assert profile_category("aten::_scaled_dot_product_flash_attention_for_cpu") == "attention kernel"
     assert profile_category("aten::addmm") == profile_category("aten::mm") == "matmul"
@@ -171,7 +171,7 @@ def test_layer_profile_sorts_operators_into_families(tmp_path, capsys):
     assert "matmul" in capsys.readouterr().out
     # the gap to the ideal, split by family: the families' excesses add up to the gap (their ideals are the FLOP
     # model's parts; on this tiny shape attention's FLOPs are a small share, so within a few points)
-    from orthorank.bench.report import GAP_PARTS, markdown_table, profile_gap
+    from orthorank.harness.reports.speed import GAP_PARTS, markdown_table, profile_gap
 
     run = data["runs"][0]
     gap = profile_gap(run)
@@ -211,12 +211,12 @@ def test_bench_cli_plan_override_and_errors(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("entry", [
-    "orthorank.cli.main",
-    "orthorank.cli.bench",
+    "orthorank.harness.cli.main",
+    "orthorank.harness.cli.bench",
 ])
 def test_bench_path_needs_no_optional_packages(tmp_path, entry):
-    """The GPU machine has torch and transformers only: `python -m orthorank.cli.main bench` (and the fallback
-    `python -m orthorank.cli.bench`) must not import lm_eval, matplotlib, gguf, accelerate or psutil."""
+    """The GPU machine has torch and transformers only: `python -m orthorank.harness.cli.main bench` (and the fallback
+    `python -m orthorank.harness.cli.bench`) must not import lm_eval, matplotlib, gguf, accelerate or psutil."""
     code = (
         "import sys, importlib.abc, importlib.util\n"
         "BLOCK = {'lm_eval', 'matplotlib', 'gguf', 'accelerate', 'psutil', 'pandas', 'datasets', 'scipy'}\n"
@@ -415,7 +415,7 @@ def test_gpu_script_tiny(tmp_path):
     """The GPU script's CPU dry run: every run it makes (shapes with Gemma's, policies, decode implementations) on
     4-layer shapes, one folder of JSON and the Markdown summary."""
     env = {**os.environ, "GPU_BENCH_TINY": "1", "PYTHON": sys.executable}
-    proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_bench.sh"), str(tmp_path)], capture_output=True,
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_bench.sh"), str(tmp_path)], capture_output=True,
                           text=True, env=env, timeout=900, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     files = sorted(p.name for p in tmp_path.glob("*.json"))
@@ -429,7 +429,7 @@ def test_gpu_script_tiny(tmp_path):
 def test_spread_hybrid_for_speed_measurements(tmp_path):
     """spread-hybrid (random shapes, no calibration): half of removal's layers removed, selection layers making up
     the other half's compute; timed beside dense, removal and OrthoRank, with its ideal speed-up."""
-    from orthorank.bench.specs import spread_hybrid_layers
+    from orthorank.harness.speed.specs import spread_hybrid_layers
     from orthorank.method.cost import Arch, removal_sparsity, hybrid_compute_sparsity
 
     cfg = shape_config("llama2-7b")
@@ -447,7 +447,7 @@ def test_spread_hybrid_for_speed_measurements(tmp_path):
 
 
 def test_decode_step_bytes_count_the_layers_that_run_and_the_cache():
-    from orthorank.runtime.bandwidth import decode_bound, decode_step_bytes
+    from orthorank.harness.runtime.bandwidth import decode_bound, decode_step_bytes
 
     model = tiny_model("llama", layers=4)
     cfg = model.config
@@ -474,7 +474,7 @@ def test_bench_threshold_decode_has_an_ideal_at_the_updated_share(tmp_path):
     assert plain["ideal_speedup"] == 1.0 and "decoded_tokens_updated" not in plain
     u, n, f = thr["decoded_tokens_updated"], len(thr["layers"]), data["f_kv"]
     assert 0.0 <= u <= 1.0
-    from orthorank.runtime.costmodel import with_fixed_share
+    from orthorank.harness.runtime.costmodel import with_fixed_share
 
     layers_only = 4 / (4 - n + n * selective_layer_cost(f, u))
     assert thr["ideal_speedup"] == pytest.approx(with_fixed_share(layers_only, decode["head_share"]))
@@ -560,9 +560,9 @@ def test_bench_takes_several_lengths_and_times_attention_alone(tmp_path):
 
 
 def test_decode_floor_script_tiny(tmp_path):
-    """benchmarks/decode_floor.py on a 2-layer shape: the bound, the GEMV floors, the read rate and the eager step of
+    """scripts/decode_floor.py on a 2-layer shape: the bound, the GEMV floors, the read rate and the eager step of
     one configuration in its JSON, and the folder's table rendered from every JSON there."""
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "decode_floor.py"), "--model",
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "decode_floor.py"), "--model",
                            "smollm2-135m-shape", "--num-layers", "2", "--batch", "1,2", "--rounds", "1", "--threads", "1",
                            "--out", str(tmp_path)], capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -579,7 +579,7 @@ def test_bench_rows_record_the_peak_above_the_loaded_model(tmp_path):
     per-run reset (the 0 MB rows of Gemma's 1k prefill); each row also holds its peak above the model as loaded,
     which covers those pages, and the printed table shows that one."""
     out = tmp_path / "bench.json"  # a fresh process: this one's heap, grown by earlier tests, would hide the run's
-    proc = subprocess.run([sys.executable, "-m", "orthorank.cli.main", "bench", "--model", "smollm2-135m-shape",
+    proc = subprocess.run([sys.executable, "-m", "orthorank.harness.cli.main", "bench", "--model", "smollm2-135m-shape",
                            "--num-layers", "4", "--device", "cpu", "--sparsity", "0.25", "--seq-len", "256", "--warmup",
                            "1", "--repeats", "2", "--mode", "prefill", "--methods", "dense,spread-prune", "--json",
                            str(out)], capture_output=True, text=True, timeout=600, cwd=ROOT,
@@ -595,8 +595,8 @@ def test_bench_rows_record_the_peak_above_the_loaded_model(tmp_path):
 def test_decode_ideal_counts_the_lm_head_every_method_reads(tmp_path):
     """A decode step reads the whole LM head whatever the plan, so removing n of L layers cannot speed it up by
     L / (L - n): the ideal is Amdahl's with the head's share of the step's weight bytes (Gemma 3 270M: 63%)."""
-    from orthorank.runtime.bandwidth import decode_head_share
-    from orthorank.runtime.costmodel import with_fixed_share
+    from orthorank.harness.runtime.bandwidth import decode_head_share
+    from orthorank.harness.runtime.costmodel import with_fixed_share
     from orthorank.models.loading import load_model
 
     assert with_fixed_share(2.0, 0.0) == 2.0 and with_fixed_share(2.0, 1.0) == 1.0 and with_fixed_share(None, 0.5) is None
@@ -611,10 +611,10 @@ def test_decode_ideal_counts_the_lm_head_every_method_reads(tmp_path):
 
 
 def test_decode_step_parts_script_tiny(tmp_path):
-    """benchmarks/decode_step_parts.py on a 2-layer shape: every setup's step time against dense, and the ideals of
+    """scripts/decode_step_parts.py on a 2-layer shape: every setup's step time against dense, and the ideals of
     the two forced outcomes, in its JSON."""
     out = tmp_path / "parts.json"
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "decode_step_parts.py"), "--model",
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "decode_step_parts.py"), "--model",
                            "smollm2-135m-shape", "--num-layers", "2", "--layers", "1", "--context", "16", "--steps",
                            "2", "--rounds", "1", "--threads", "1", "--out", str(out)],
                           capture_output=True, text=True, timeout=600, cwd=ROOT)
@@ -628,14 +628,14 @@ def test_decode_step_parts_script_tiny(tmp_path):
 
 
 def test_split_chunks_script_tiny(tmp_path):
-    """benchmarks/split_chunks.py at 512 tokens: each chunk count's split attention against causal, and the count
+    """scripts/split_chunks.py at 512 tokens: each chunk count's split attention against causal, and the count
     the layer would choose, in its JSON."""
     from orthorank.method import attention_split
 
     if not attention_split.available():
         pytest.skip("this torch has no CPU flash kernel returning the log-sum-exp")
     out = tmp_path / "sweep.json"
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "split_chunks.py"), "--shape", "smollm2",
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "split_chunks.py"), "--shape", "smollm2",
                            "--seq-len", "512", "--chunks", "2,4", "--rounds", "1", "--threads", "1", "--out", str(out)],
                           capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

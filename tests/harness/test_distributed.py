@@ -15,10 +15,10 @@ pytestmark = pytest.mark.data
 def _run(args, cwd, nproc):
     env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
     if nproc == 1:
-        cmd = [sys.executable, "-m", "orthorank.cli.main", *args]
+        cmd = [sys.executable, "-m", "orthorank.harness.cli.main", *args]
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
-               "-m", "orthorank.cli.main", *args]
+               "-m", "orthorank.harness.cli.main", *args]
     proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout
@@ -71,14 +71,14 @@ def test_two_processes_equal_one(tiny_hf_folder, tmp_path):
 
 
 def test_harness_data_parallel_launch_with_the_orthorank_backend(tiny_hf_folder, tmp_path):
-    """`torchrun -m orthorank.evaluation.zeroshot --model orthorank ...` (the harness's own CLI) splits requests
+    """`torchrun -m orthorank.harness.evaluation.zeroshot --model orthorank ...` (the harness's own CLI) splits requests
     across processes and reports the numbers of a single process, once."""
     outs = {}
     for n in (1, 2):
         env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1",
                    HF_DATASETS_OFFLINE="1")
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n),
-               "-m", "orthorank.evaluation.zeroshot", "--model", "orthorank",
+               "-m", "orthorank.harness.evaluation.zeroshot", "--model", "orthorank",
                "--device", "cpu", "--model_args", f"model={tiny_hf_folder}", "--tasks", "orthorank_arc_easy",
                "--limit", "6", "--output_path", str(tmp_path / f"h{n}")]
         proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)

@@ -12,13 +12,13 @@ import pytest
 import torch
 
 from cli_helpers import assert_user_error, run_cli
-from orthorank.search.calibration import calibration_set, parse_mix
+from orthorank.harness.search.calibration import calibration_set, parse_mix
 from orthorank.errors import UserError
-from orthorank.evaluation.compare import dataset_stream
-from orthorank.evaluation.data import DOMAINS, load_calibration_part, load_eval_part
-from orthorank.evaluation.overlap import MAX_SHARED, shared_share
-from orthorank.evaluation.perplexity import make_windows
-from orthorank.evaluation.stats import paired_perplexity_ratio, worst_ratio
+from orthorank.harness.evaluation.compare import dataset_stream
+from orthorank.harness.evaluation.data import DOMAINS, load_calibration_part, load_eval_part
+from orthorank.harness.evaluation.overlap import MAX_SHARED, shared_share
+from orthorank.harness.evaluation.perplexity import make_windows
+from orthorank.harness.evaluation.stats import paired_perplexity_ratio, worst_ratio
 from orthorank.method.cost import Arch, removal_sparsity, selection_sparsity, ratio_to_match
 from orthorank.method.plan import layers_for_sparsity
 
@@ -136,7 +136,7 @@ def test_worst_domain_ratio_is_the_max_with_an_interval_of_the_max():
 
 
 def test_worst_ratio_scores_are_paired_across_candidates_that_share_windows():
-    from orthorank.evaluation.stats import draw_ratio, worst_ratio_scores
+    from orthorank.harness.evaluation.stats import draw_ratio, worst_ratio_scores
 
     rng = np.random.default_rng(1)
     tok = 100

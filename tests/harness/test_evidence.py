@@ -10,13 +10,13 @@ import pytest
 import torch
 
 from orthorank.errors import UserError
-from orthorank.evaluation.stats import (
+from orthorank.harness.evaluation.stats import (
     accuracy_interval, mean_stderr, paired_difference, paired_perplexity_ratio, perplexity_interval,
 )
 from orthorank.method.cost import Arch, removal_sparsity, selection_sparsity, layer_flops, selection_layers_to_match
 from orthorank.method.plan import Plan, layers_for_sparsity
 from orthorank.method.selection import SelectionConfig
-from orthorank.store import ResultStore, StoreError, fill
+from orthorank.harness.store import ResultStore, StoreError, fill
 
 SMOLLM2 = Arch(num_layers=30, hidden=576, heads=9, kv_heads=3, head_dim=64, ffn=1536, vocab=49152)
 LLAMA2_7B = Arch(num_layers=32, hidden=4096, heads=32, kv_heads=32, head_dim=128, ffn=11008, vocab=32000)
@@ -198,7 +198,7 @@ def test_store_merges_shards(tmp_path):
 
 def test_model_fingerprint_sees_weights():
     from conftest import tiny_model
-    from orthorank.store import model_fingerprint
+    from orthorank.harness.store import model_fingerprint
 
     a, b = tiny_model(seed=0), tiny_model(seed=0)
     assert model_fingerprint(a) == model_fingerprint(b)
@@ -209,7 +209,7 @@ def test_model_fingerprint_sees_weights():
 
 def test_model_fingerprint_ignores_where_the_weights_were_loaded_from():
     from conftest import tiny_model
-    from orthorank.store import model_fingerprint
+    from orthorank.harness.store import model_fingerprint
 
     a, b = tiny_model(seed=0), tiny_model(seed=0)
     a.config._name_or_path, b.config._name_or_path = "/checkout-a/.venv/model", "/checkout-b/.venv/model"
@@ -253,7 +253,7 @@ class _Tok:
 
 
 def test_bos_once_at_the_start_of_the_stream():
-    from orthorank.evaluation.perplexity import eval_stream, make_windows, tokenize_text
+    from orthorank.harness.evaluation.perplexity import eval_stream, make_windows, tokenize_text
 
     with_bos = tokenize_text(_Tok(True), "abcdefgh" * 4)
     without = tokenize_text(_Tok(False), "abcdefgh" * 4)
@@ -265,7 +265,7 @@ def test_bos_once_at_the_start_of_the_stream():
 
 def test_perplexity_key_changes_with_plan_data_and_dtype():
     from conftest import tiny_model
-    from orthorank.evaluation.perplexity import perplexity_key
+    from orthorank.harness.evaluation.perplexity import perplexity_key
     from orthorank.method.plan import Plan
 
     m = tiny_model()
@@ -283,7 +283,7 @@ def test_one_window_or_item_has_no_interval():
     """A bootstrap over one window is a point: it is reported as n/a, never as [v, v], and decides no claim."""
     import math
 
-    from orthorank.evaluation.stats import (accuracy_interval, paired_difference, paired_perplexity_ratio,
+    from orthorank.harness.evaluation.stats import (accuracy_interval, paired_difference, paired_perplexity_ratio,
                                             perplexity_interval, worst_ratio)
 
     one = perplexity_interval([1000.0], 511)

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from transformers import AutoModelForCausalLM
 
 from conftest import tiny_model
-from orthorank.search.layer_search import StackRunner
+from orthorank.harness.search.layer_search import StackRunner
 from orthorank.errors import UserError
 from orthorank.method import Plan, SelectionConfig, apply_orthorank, apply_plan, prune_layers, restore_dense
 from orthorank.method.apply import selective
@@ -214,8 +214,8 @@ def test_apply_hybrid_errors():
 
 # -- cost table -----------------------------------------------------------------------------------------------------
 
-from orthorank.search.hybrid import check_targets, hybrid_search, moves_from  # noqa: E402
-from orthorank.runtime.cost_table import CostTable, device_description  # noqa: E402
+from orthorank.harness.search.hybrid import check_targets, hybrid_search, moves_from  # noqa: E402
+from orthorank.harness.runtime.cost_table import CostTable, device_description  # noqa: E402
 from orthorank.method.plan import REMOVE  # noqa: E402
 
 SIG8 = dict(SIG, num_layers=8)
@@ -487,9 +487,9 @@ def test_frontier_points_and_plot(tmp_path):
     """Rows timed in this run become frontier points (dense at 1x); rows without a measurement are left out."""
     import numpy as np
 
-    from orthorank.presentation.frontier import plot_frontier
-    from orthorank.evaluation.compare import Row
-    from orthorank.presentation.compare_tables import frontier_points
+    from orthorank.harness.reports.frontier import plot_frontier
+    from orthorank.harness.evaluation.compare import Row
+    from orthorank.harness.reports.compare_tables import frontier_points
 
     rows = [Row("dense", 0.0, Plan("dense", [], "tiny", dict(SIG))), Row("sleb", 0.2, Plan("prune", [2], "tiny", dict(SIG))),
             Row("hybrid", 0.2, hybrid({1: "remove", 2: 0.25})), Row("orthorank", 0.2, Plan("orthorank", [2], "tiny", dict(SIG)))]
@@ -505,7 +505,7 @@ def test_frontier_points_and_plot(tmp_path):
 
 
 def test_compare_references_of_hybrid_rows():
-    from orthorank.evaluation.compare import Row, reference_rows
+    from orthorank.harness.evaluation.compare import Row, reference_rows
 
     rows = [Row("dense", 0.0, Plan("dense", [], "tiny", dict(SIG))),
             Row("sleb", 0.2, Plan("prune", [2], "tiny", dict(SIG))),
@@ -586,8 +586,8 @@ def test_plan_options_on_hybrid_plans(tiny_hf_folder, tmp_path, capsys):
 def test_interrupted_hybrid_search_resumes_to_the_same_plans(calib, tmp_path):
     """Every step is checkpointed; a search stopped after 3 steps and run again replays them and ends with the
     plans, steps and losses of an uninterrupted search, reporting the targets it had reached again."""
-    from orthorank.search.checkpoint import Checkpoint
-    from orthorank.store import ResultStore
+    from orthorank.harness.search.checkpoint import Checkpoint
+    from orthorank.harness.store import ResultStore
 
     m, windows = calib
     t, targets, ratios = table(), [1.15, 1.4], [0.25, 0.33, 0.5]
@@ -624,8 +624,8 @@ def test_interrupted_hybrid_search_resumes_to_the_same_plans(calib, tmp_path):
 # -- per-layer keep ratios at exactly pruning's compute (calibrate --method orthorank-ratios) ---------------------
 
 def test_match_exactly_lands_within_one_token_of_the_target():
-    from orthorank.runtime.cost_table import FlopCostTable
-    from orthorank.search.hybrid import match_exactly
+    from orthorank.harness.runtime.cost_table import FlopCostTable
+    from orthorank.harness.search.hybrid import match_exactly
 
     arch = Arch(num_layers=6, hidden=64, heads=4, kv_heads=2, head_dim=16, ffn=128, vocab=256)
     table = FlopCostTable.build(arch, 512, [0.25, 0.5], "m", {"num_layers": 6})
@@ -672,7 +672,7 @@ def test_calibrate_orthorank_ratios_cli(tiny_hf_folder, tmp_path, capsys):
 def test_bench_times_a_hybrid_plan_with_per_layer_ratios(tiny_hf_folder, tmp_path):
     """bench times a saved hybrid plan as it runs (its removals, each selection layer at its own keep ratio: the
     model under the bench's spec gives the plan's own output) and counts its compute from the per-layer ratios."""
-    from orthorank.bench.specs import method_specs
+    from orthorank.harness.speed.specs import method_specs
     from orthorank.method.cost import hybrid_compute_sparsity
     from orthorank.models.loading import load_model
 
@@ -690,7 +690,7 @@ def test_bench_times_a_hybrid_plan_with_per_layer_ratios(tiny_hf_folder, tmp_pat
         got = lm.model(ids).logits
         restore_dense(lm.model)
     assert torch.equal(want, got)
-    from orthorank.cli.main import main
+    from orthorank.harness.cli.main import main
 
     out = tmp_path / "bench.json"
     assert main(["bench", "--model", str(tiny_hf_folder), "--methods", "dense,hybrid", "--plan", str(path),

@@ -12,7 +12,7 @@ import torch
 from cli_helpers import assert_user_error
 from conftest import model_signature, prompt_ids, tiny_model
 from orthorank.errors import UserError
-from orthorank.evaluation import frontier
+from orthorank.harness.evaluation import frontier
 from orthorank.method import SelectionConfig, apply_orthorank
 from orthorank.method import attention
 from orthorank.method.apply import apply_plan, restore_dense, selective
@@ -224,7 +224,7 @@ def _point(name, method, speed, mean, diff_low, diff_high, low=None, high=None):
 
 
 def _paired_point(name, method, speed, both, only_dense, only_setting, neither):
-    from orthorank.evaluation.noninferiority import decide
+    from orthorank.harness.evaluation.noninferiority import decide
 
     setting = [1] * both + [0] * only_dense + [1] * only_setting + [0] * neither
     dense = [1] * both + [1] * only_dense + [0] * only_setting + [0] * neither
@@ -273,9 +273,9 @@ def test_frontier_command_refuses_bad_input_before_loading(capsys, tiny_hf_folde
 def test_no_calibration_prompt_shares_text_with_an_evaluation_sample(length):
     from types import SimpleNamespace
 
-    from orthorank.api.frontier import _items, calibration_items, largest_shared
-    from orthorank.evaluation.longctx_suite import SuiteBuilder, load_pools
-    from orthorank.evaluation.overlap import MAX_SHARED
+    from orthorank.harness.api.frontier import _items, calibration_items, largest_shared
+    from orthorank.harness.evaluation.longctx_suite import SuiteBuilder, load_pools
+    from orthorank.harness.evaluation.overlap import MAX_SHARED
     from orthorank.models.loading import embedded_gguf_path
     from transformers import AutoTokenizer
 
@@ -298,7 +298,7 @@ def _free(level, speed):
 
 
 def test_the_preset_is_the_best_free_speedup_across_models_and_lengths():
-    from orthorank.study.presets import choose, parse_family
+    from orthorank.harness.study.presets import choose, parse_family
 
     a = {"model": "a", "scored_on": "calibration", "lengths": {"4096": {"free_speedups": {"sleb": _free(0.05, 1.10), "depth[+recent=64]":
                                                                _free(0.1, 1.30), "progressive": None}},
@@ -330,7 +330,7 @@ def test_the_preset_is_the_best_free_speedup_across_models_and_lengths():
 def test_a_preset_is_never_chosen_on_evaluation_samples(tmp_path, capsys):
     import json
 
-    from orthorank.study.presets import choose, main
+    from orthorank.harness.study.presets import choose, main
 
     entry = {"8192": {"free_speedups": {"local": _free(0.1, 1.5)}}}
     for scored_on in ({}, {"scored_on": "evaluation"}):
@@ -347,7 +347,7 @@ def _json_point(method, level, free, at_reach=False):
 
 
 def test_the_preset_level_is_the_highest_free_measured_and_a_schedule_at_its_reach_does_not_lower_it():
-    from orthorank.study.presets import choose, free_through
+    from orthorank.harness.study.presets import choose, free_through
 
     # a: local free at every level measured, the last with every layer it may use; b: free through 0.1, lost at
     # 0.2; c: free at every level measured (to 0.2), short of its reach
@@ -371,7 +371,7 @@ def test_the_preset_level_is_the_highest_free_measured_and_a_schedule_at_its_rea
 def test_the_frontier_summary_judges_the_bar_from_the_interval(tmp_path):
     import json
 
-    from orthorank.study.frontier_summary import bar_verdict, main
+    from orthorank.harness.study.frontier_summary import bar_verdict, main
 
     assert bar_verdict({"value": 1.4, "low": 1.3, "high": 1.5}, 1.25) == "above"
     assert bar_verdict({"value": 1.3, "low": 1.1, "high": 1.5}, 1.25) == "not decided"
@@ -400,7 +400,7 @@ def test_the_frontier_summary_judges_the_bar_from_the_interval(tmp_path):
     assert "| sleb | none | - | - | - | - | sleb 0.1: -30.0 [-40.0, -20.0] |" in text
     f.write_text(json.dumps({"model": "m", "complete": False, "lengths": {}}))
     assert main([str(f)]) == 2
-    from orthorank.study.frontier_summary import run_label
+    from orthorank.harness.study.frontier_summary import run_label
     assert run_label("studies/long-prompt/preset-check/m/4096/frontier.json", {"model": "m"}) == "preset-check 4096"
     assert run_label("studies/long-prompt/m/8k/frontier.json", {"model": "m"}) == "8k"
 
@@ -432,7 +432,7 @@ def test_frontier_end_to_end_on_a_tiny_model_with_longbench_on_the_free_points(c
     import json
 
     from cli_helpers import run_cli
-    from orthorank.evaluation.frontier import Point, is_free
+    from orthorank.harness.evaluation.frontier import Point, is_free
 
     args = ["frontier", "--model", str(tiny_hf_folder), "--methods", "dense,depth,progressive", "--levels", "0.2",
             "--lengths", "256", "--tasks", "niah_single", "--samples", "2", "--repeats", "2", "--threads", "1",
@@ -466,7 +466,7 @@ def test_a_frontier_scored_on_calibration_prompts_chooses_a_preset(capsys, tiny_
     import json
 
     from cli_helpers import run_cli
-    from orthorank.study.presets import main as choose_preset
+    from orthorank.harness.study.presets import main as choose_preset
 
     code, out, err = run_cli(capsys, "frontier", "--model", str(tiny_hf_folder), "--methods", "dense,progressive",
                              "--levels", "0.2", "--lengths", "256", "--tasks", "niah_single", "--samples", "2",
@@ -475,7 +475,7 @@ def test_a_frontier_scored_on_calibration_prompts_chooses_a_preset(capsys, tiny_
     assert code == 0, err
     data = json.loads((tmp_path / "f" / "frontier.json").read_text())
     assert data["scored_on"] == "calibration"
-    from orthorank.evaluation.overlap import MAX_SHARED
+    from orthorank.harness.evaluation.overlap import MAX_SHARED
     assert data["lengths"]["256"]["largest_shared_with_evaluation"] < MAX_SHARED  # checked: templates only
     assert "calibration prompts: the tasks built from" in (tmp_path / "f" / "frontier.md").read_text()
     assert choose_preset([str(tmp_path / "f" / "frontier.json"), "--out", str(tmp_path / "p.json")]) == 0
@@ -513,9 +513,9 @@ def test_the_frontier_checks_a_preset_with_its_own_row(capsys, tiny_hf_folder, t
 
 
 def test_stop_after_loss_leaves_out_the_levels_above_a_loss(monkeypatch):
-    from orthorank.api import frontier as api_frontier
-    from orthorank.api.options import FrontierOptions
-    from orthorank.evaluation.longctx import Row
+    from orthorank.harness.api import frontier as api_frontier
+    from orthorank.harness.api.options import FrontierOptions
+    from orthorank.harness.evaluation.longctx import Row
 
     m = tiny_model("llama")
     dense = Plan("dense", [], "tiny", model_signature(m))

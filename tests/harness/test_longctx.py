@@ -9,8 +9,8 @@ import pytest
 
 from cli_helpers import assert_user_error, run_cli
 from orthorank.errors import UserError
-from orthorank.evaluation import longbench as lb
-from orthorank.evaluation.longctx_suite import SuiteBuilder, TASKS, parse_lengths, parse_tasks, score
+from orthorank.harness.evaluation import longbench as lb
+from orthorank.harness.evaluation.longctx_suite import SuiteBuilder, TASKS, parse_lengths, parse_tasks, score
 
 
 # -- metrics, by hand ------------------------------------------------------------------------------------------------
@@ -94,7 +94,7 @@ def test_longbench_files(tmp_path):
 
 
 def test_longbench_caption_says_when_it_is_a_slice(tmp_path):
-    from orthorank.api.longctx import _longbench_scope
+    from orthorank.harness.api.longctx import _longbench_scope
 
     (tmp_path / "config").mkdir()
     (tmp_path / "config/dataset2prompt.json").write_text(json.dumps({"trec": "{context}\n{input}"}))
@@ -108,7 +108,7 @@ def test_longbench_caption_says_when_it_is_a_slice(tmp_path):
 
 @pytest.mark.data
 def test_shared_longbench_file_loads():
-    from orthorank.evaluation.data import find_data_dir
+    from orthorank.harness.evaluation.data import find_data_dir
 
     task = lb.load_task(find_data_dir() / "longbench", "multi_news", limit=3)
     assert task.max_new_tokens == 512 and len(task.rows) == 3 and lb.metric_of(task.name) == "rouge"
@@ -163,7 +163,7 @@ def tiny_lm(tiny_hf_folder):
 
 
 def test_padded_batch_generation_equals_single_prompts(tiny_lm):
-    from orthorank.evaluation.generation import generate_rows
+    from orthorank.harness.evaluation.generation import generate_rows
     from orthorank.method.apply import apply_orthorank, restore_dense
     from orthorank.method.selection import SelectionConfig
 
@@ -182,7 +182,7 @@ def test_padded_batch_generation_equals_single_prompts(tiny_lm):
 
 
 def test_compiled_generation_equals_eager(tiny_lm, capsys):
-    from orthorank.evaluation.generation import generate_rows
+    from orthorank.harness.evaluation.generation import generate_rows
     from orthorank.method.apply import apply_orthorank, restore_dense
     from orthorank.method.selection import SelectionConfig
     from orthorank.models.static_decode import compile_available
@@ -236,8 +236,8 @@ def _bad_longbench(tmp_path):
 
 def test_tables_pair_orthorank_with_the_pruning_row():
     """Besides the differences to dense, each OrthoRank row is paired item by item with each pruning row."""
-    from orthorank.api.longctx import _tables
-    from orthorank.evaluation.longctx import Row
+    from orthorank.harness.api.longctx import _tables
+    from orthorank.harness.evaluation.longctx import Row
 
     rows = [Row("dense", "dense", None, None), Row("sleb 0.2", "sleb", 0.2, None),
             Row("orthorank 0.2", "orthorank", 0.2, None)]  # plans play no part in the tables
@@ -276,7 +276,7 @@ QUESTION_FIRST = ("Question: what is the special magic number for harbor? Read t
 def test_left_padded_batches_with_global_spans_equal_single_prompts_under_generate(tiny_lm, tmp_path):
     """A question before the document (read by every query through the head) and a question longer than the tail:
     batched with left padding, the generated tokens equal each prompt's own."""
-    from orthorank.evaluation.generation import generate_rows
+    from orthorank.harness.evaluation.generation import generate_rows
     from orthorank.method.apply import apply_plan, restore_dense
 
     question = tiny_lm.tokenizer(QUESTION_FIRST).input_ids

@@ -1,4 +1,4 @@
-"""The non-inferiority rule (evaluation/noninferiority.py) cannot call a loss free: it refuses a setting that loses 2 of
+"""The non-inferiority rule (harness/evaluation/noninferiority.py) cannot call a loss free: it refuses a setting that loses 2 of
 the 9 items dense solves, the same loss rate on many items, a cell at the floor, and a loss hidden in one task; it
 passes a setting whose few discordant pairs exclude a 5-point loss. Committed frontier points relabel under it."""
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from orthorank.evaluation import frontier
-from orthorank.evaluation.noninferiority import (
+from orthorank.harness.evaluation import frontier
+from orthorank.harness.evaluation.noninferiority import (
     RULE, PairedCounts, decide, decide_from_summary, items_for_power, paired_difference,
 )
 

@@ -8,7 +8,7 @@ def test_a_result_is_dirty_only_when_the_code_differs_from_its_commit(tmp_path, 
     any change to the code marks them dirty."""
     import subprocess
 
-    from orthorank import results
+    from orthorank.harness import results
 
     def git(*args):
         subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)

@@ -17,11 +17,11 @@ import pytest
 import torch
 
 from conftest import tiny_model
-from orthorank.search.checkpoint import Checkpoint
-from orthorank.search.registry import SEARCH_METHODS
-from orthorank.search.layer_search import StackRunner
+from orthorank.harness.search.checkpoint import Checkpoint
+from orthorank.harness.search.registry import SEARCH_METHODS
+from orthorank.harness.search.layer_search import StackRunner
 from orthorank.method import SelectionConfig
-from orthorank.store import ResultStore
+from orthorank.harness.store import ResultStore
 
 
 class Stop(Exception):
@@ -72,7 +72,7 @@ def test_fewer_steps_take_the_stored_prefix_and_more_steps_go_on(tmp_path):
 def test_a_resumed_search_states_the_seconds_of_all_its_runs(tmp_path, monkeypatch):
     """Each step stores the search's seconds up to it, summed over runs, so a plan written by a resumed hybrid search
     states the whole search's time; steps stored before per-step timing make it unknown (None), never one run's."""
-    import orthorank.search.checkpoint as checkpoint
+    import orthorank.harness.search.checkpoint as checkpoint
 
     clock = iter([100.0, 100.0, 130.0, 150.0,    # run 1: started, loaded, steps 1 and 2 at 30 s and 50 s
                   500.0, 500.0, 520.0])          # run 2 (resumed after step 2): step 3 20 s later
@@ -138,7 +138,7 @@ def slow_setup(tmp_path_factory):
 
 
 def _calibrate(folder, text, cwd, out, method="orthorank", extra=()):
-    return [sys.executable, "-m", "orthorank.cli.main", "calibrate", "--model", str(folder), "--method", method,
+    return [sys.executable, "-m", "orthorank.harness.cli.main", "calibrate", "--model", str(folder), "--method", method,
             "--sparsity", "0.3", "--calib-data", str(text), "--calib-samples", "8", "--seq-len", "64",
             "--threads", "1", "--measure-speed", "0", "--store", "store", "--json", out, *extra]
 
@@ -153,7 +153,7 @@ def _plan_body(path: Path) -> dict:
 def _no_partial_files(folder: Path) -> None:
     """Every visible file is whole: plans and store entries parse (and entries match their checksum). A SIGKILL
     during a write can leave only a temporary `.part` file, which nothing reads."""
-    from orthorank.store import digest
+    from orthorank.harness.store import digest
 
     for p in folder.rglob("*.json"):
         body = json.loads(p.read_text())
@@ -227,7 +227,7 @@ def test_ctrl_c_says_what_was_kept_and_how_to_resume(slow_setup, tmp_path):
     assert not (tmp_path / "plan.json").exists()
 
 
-# -- the store across code versions and concurrent processes (orthorank.store.fill) ---------------------------------
+# -- the store across code versions and concurrent processes (orthorank.harness.store.fill) ---------------------------------
 
 def _square(log: list | None = None):
     def compute(idx):
@@ -238,7 +238,7 @@ def _square(log: list | None = None):
 
 
 def values_old(store):
-    from orthorank.store import fill
+    from orthorank.harness.store import fill
 
     return fill(store.namespace("perplexity", {"model": "m", "data": "d", "code": "old"}), range(10), _square(),
                 chunk=2)
@@ -247,7 +247,7 @@ def values_old(store):
 def test_refactor_keeps_stored_results_only_when_a_recomputed_sample_agrees(tmp_path):
     import warnings
 
-    from orthorank.store import ResultStore, fill
+    from orthorank.harness.store import ResultStore, fill
 
     store = ResultStore(tmp_path / "store")
     old = store.namespace("perplexity", {"model": "m", "data": "d", "code": "old"})
@@ -288,7 +288,7 @@ def test_refactor_keeps_stored_results_only_when_a_recomputed_sample_agrees(tmp_
 def test_a_claimed_chunk_is_left_to_its_live_holder_and_taken_over_from_a_dead_one(tmp_path):
     import os
 
-    from orthorank.store import ResultStore, fill
+    from orthorank.harness.store import ResultStore, fill
 
     ns = ResultStore(tmp_path / "store").namespace("perplexity", {"model": "m"})
     held = ns.claim([0, 1])
@@ -306,7 +306,7 @@ def test_a_claimed_chunk_is_left_to_its_live_holder_and_taken_over_from_a_dead_o
 _CONCURRENT = r"""
 import json, sys, time
 sys.path.insert(0, sys.argv[1])
-from orthorank.store import ResultStore, fill
+from orthorank.harness.store import ResultStore, fill
 log = open(sys.argv[3], "a")
 def compute(idx):
     log.write(json.dumps(idx) + "\n"); log.flush()
@@ -347,7 +347,7 @@ def _plans_for(folder: Path, work: Path) -> Path:
 
 
 def _compare_cmd(folder, text, work):
-    return [sys.executable, "-m", "orthorank.cli.main", "compare", "--model", str(folder), "--methods",
+    return [sys.executable, "-m", "orthorank.harness.cli.main", "compare", "--model", str(folder), "--methods",
             "dense,sleb,orthorank", "--sparsity", "0.2", "--plans-dir", str(_plans_for(folder, work)), "--datasets",
             str(text), "--seq-len", "64", "--max-windows", "24", "--threads", "1", "--store", "store", "--out", "out",
             "--overwrite"]
@@ -360,7 +360,7 @@ def _compare_result(work):
 
 
 def _longctx_cmd(folder, text, work):
-    return [sys.executable, "-m", "orthorank.cli.main", "longctx", "--model", str(folder), "--methods",
+    return [sys.executable, "-m", "orthorank.harness.cli.main", "longctx", "--model", str(folder), "--methods",
             "dense,sleb,orthorank", "--sparsity", "0.2", "--plans-dir", str(_plans_for(folder, work)), "--decode-modes",
             "dense", "--tasks", "niah_single", "--lengths", "256", "--samples", "8", "--batch-size", "2",
             "--threads", "1", "--store", "store", "--out", "out", "--overwrite"]
@@ -428,7 +428,7 @@ def test_a_full_disk_or_an_unwritable_folder_is_one_line_and_keeps_the_earlier_f
     import errno
 
     from orthorank.errors import UserError
-    from orthorank.results import atomic_write_text, write_json
+    from orthorank.harness.results import atomic_write_text, write_json
 
     target = tmp_path / "r.json"
     write_json(target, {"v": 1})

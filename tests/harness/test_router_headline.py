@@ -13,7 +13,7 @@ def _compare(folder, rows, model="m"):
 
 
 def test_the_router_headline_reads_each_verdict_and_the_best_other_method(tmp_path, monkeypatch):
-    from orthorank.study.router_headline import headline
+    from orthorank.harness.study.router_headline import headline
 
     monkeypatch.chdir(tmp_path)  # no committed plans here: no fit counts as declined
     folder = tmp_path / "studies" / "m"
@@ -30,7 +30,7 @@ def test_the_router_headline_reads_each_verdict_and_the_best_other_method(tmp_pa
 
 
 def test_a_declined_fit_shows_the_paper_rules_row(tmp_path, monkeypatch):
-    from orthorank.study.router_headline import headline
+    from orthorank.harness.study.router_headline import headline
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "plans" / "m").mkdir(parents=True)

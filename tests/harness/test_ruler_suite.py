@@ -1,6 +1,6 @@
-"""The RULER-grade offline suite (evaluation/longctx_suite.py, ruler_tasks.py): the first five tasks' prompts are
+"""The RULER-grade offline suite (harness/evaluation/longctx_suite.py, ruler_tasks.py): the first five tasks' prompts are
 unchanged, every task x layout x chat is deterministic, fits its length and hides its answers in the document
-only; the layouts, the new tasks' answers, the yes/no scorer and BoolQ's evaluation/calibration split."""
+only; the layouts, the new tasks' answers, the yes/no scorer and BoolQ's harness/evaluation/calibration split."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from collections import Counter
 import pytest
 
 from orthorank.errors import UserError
-from orthorank.evaluation.longctx_suite import (
+from orthorank.harness.evaluation.longctx_suite import (
     FIRST_CUE, LAYOUTS, MAX_NEW_TOKENS, RULER_TASKS, TASKS, Sample, SuiteBuilder, parse_layouts, parse_tasks,
     qa_split_rows, score, score_sample, suite_items,
 )
@@ -273,7 +273,7 @@ def test_qa_sample_uses_only_its_part_and_scores_yes_no():
 def test_real_tokenizer_every_task_layout_and_chat_fits(tiny_hf_folder):
     from transformers import AutoTokenizer
 
-    from orthorank.evaluation.longctx_suite import load_pools, load_qa_rows
+    from orthorank.harness.evaluation.longctx_suite import load_pools, load_qa_rows
 
     tok = AutoTokenizer.from_pretrained(str(tiny_hf_folder))
     ev, cal = load_qa_rows(None, "evaluation"), load_qa_rows(None, "calibration")

@@ -11,9 +11,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from conftest import tiny_model
-from orthorank.search.registry import SEARCH_METHODS
-from orthorank.search.layer_search import StackRunner, block_influence, greedy_search, one_shot_ppl
-from orthorank.cli.main import main
+from orthorank.harness.search.registry import SEARCH_METHODS
+from orthorank.harness.search.layer_search import StackRunner, block_influence, greedy_search, one_shot_ppl
+from orthorank.harness.cli.main import main
 from orthorank.method import SelectionConfig, apply_orthorank, layers_for_sparsity, prune_layers, restore_dense
 
 
@@ -176,7 +176,7 @@ def test_compare_with_zeroshot(tiny_hf_folder, tmp_path, monkeypatch, capsys):
 
 
 def test_t_quantiles_match_the_table_and_expansion():
-    from orthorank.search.racing import t_quantile
+    from orthorank.harness.search.racing import t_quantile
 
     assert t_quantile(7) == pytest.approx(4.785)
     assert t_quantile(31) == pytest.approx(3.3749, abs=2e-3)
@@ -200,7 +200,7 @@ def _constructed_scores(means: dict[int, float], windows_per_batch: int = 4, noi
 
 
 def test_race_drops_clear_losers_early_and_ranks_survivors_on_every_batch():
-    from orthorank.search.racing import race
+    from orthorank.harness.search.racing import race
 
     means = {c: 0.0 if c == 7 else 0.05 if c == 3 else 5.0 for c in range(1, 29)}
     score, calls, table, n = _constructed_scores(means)
@@ -220,7 +220,7 @@ def test_race_drops_clear_losers_early_and_ranks_survivors_on_every_batch():
 def test_race_chooses_as_exhaustive_greedy(means):
     """Over 20 noisy draws per regime the race's choice is the exhaustive choice (its only way to differ is to drop
     the exhaustive winner, which a paired test at 0.001 does not)."""
-    from orthorank.search.racing import race
+    from orthorank.harness.search.racing import race
 
     for seed in range(20):
         score, calls, table, n = _constructed_scores(means, seed=seed)
@@ -230,7 +230,7 @@ def test_race_chooses_as_exhaustive_greedy(means):
 
 
 def test_race_never_keeps_fewer_than_keep():
-    from orthorank.search.racing import race
+    from orthorank.harness.search.racing import race
 
     means = {0: 0.0, 1: 9.0, 2: 9.0, 3: 9.0}
     score, calls, table, n = _constructed_scores(means)
@@ -241,7 +241,7 @@ def test_race_never_keeps_fewer_than_keep():
 
 
 def test_race_stops_when_one_candidate_is_left():
-    from orthorank.search.racing import race
+    from orthorank.harness.search.racing import race
 
     means = {c: 0.0 if c == 2 else 5.0 for c in range(10)}
     score, calls, table, n = _constructed_scores(means)

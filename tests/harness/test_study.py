@@ -12,7 +12,7 @@ import pytest
 from orthorank.method.plan import Plan
 
 from cli_helpers import assert_user_error, run_cli
-from orthorank.study.claims import (
+from orthorank.harness.evaluation.claims import (
     CONTRADICTED, INCONCLUSIVE, NO_DIFFERENCE, SUPPORTED, perplexity_claims, speed_claims, verdict,
 )
 
@@ -51,7 +51,7 @@ def test_constructed_comparisons_give_each_verdict(tmp_path):
     assert random.verdict == SUPPORTED and random.value == pytest.approx(0.8) and random.high < 1
     assert len(claims) == 4  # pruning against dense is not a claim of the paper
     # the same, as the Markdown a page quotes: every domain, and each claim at its least favourable one
-    from orthorank.study.claims import main as claims_main
+    from orthorank.harness.evaluation.claims import main as claims_main
 
     src = tmp_path / "compare.json"
     src.write_text(json.dumps({**data, "model": "m", "datasets": ["wikitext2", "code", "c4"], "skip_windows": 8}))
@@ -229,11 +229,11 @@ def test_transfer_stage_fits_every_method_per_source_and_renders_the_matrix(caps
                                 "--stages", "transfer", "--threads", "1")
     assert code == 0 and "transfer: done before" in err
 
-    from orthorank.study.budgets import get_budget
-    from orthorank.study.context import StudyContext
-    from orthorank.study.transfer import render_matrix, transfer_done
+    from orthorank.harness.study.budgets import get_budget
+    from orthorank.harness.study.context import StudyContext
+    from orthorank.harness.study.transfer import render_matrix, transfer_done
 
-    from orthorank.study.transfer import transfer_calls
+    from orthorank.harness.study.transfer import transfer_calls
 
     ctx = StudyContext(str(tiny_long_folder), tiny_long_folder.name, out, get_budget("test"), {}, None, None,
                        tmp_path / "plans")
@@ -263,11 +263,11 @@ def test_study_bad_input(capsys, tmp_path):
 
 def test_transfer_stage_runs_cheap_settings_first_and_the_hybrid_search_last_on_the_chosen_setting(tmp_path,
                                                                                                   monkeypatch):
-    from orthorank.study import transfer
-    from orthorank.study.budgets import get_budget
-    from orthorank.study.context import StudyContext
-    from orthorank.study.budgets import TransferSetting
-    from orthorank.study.transfer import transfer_calls
+    from orthorank.harness.study import transfer
+    from orthorank.harness.study.budgets import get_budget
+    from orthorank.harness.study.context import StudyContext
+    from orthorank.harness.study.budgets import TransferSetting
+    from orthorank.harness.study.transfer import transfer_calls
 
     from pathlib import Path
 
@@ -303,9 +303,9 @@ def test_transfer_stage_runs_cheap_settings_first_and_the_hybrid_search_last_on_
 
 def test_calibrate_default_is_the_calibration_the_transfer_matrix_chooses():
     """The default of `calibrate --calib-data/--calib-tokens` is not typed from memory: it is the setting the
-    committed transfer matrix chooses by the worst domain (study/transfer.py choose_calibration)."""
-    from orthorank.search.calibration import DEFAULT_CALIB_DATA, DEFAULT_CALIB_TOKENS
-    from orthorank.study.budgets import ISSUE_SETTINGS
+    committed transfer matrix chooses by the worst domain (harness/study/transfer.py choose_calibration)."""
+    from orthorank.harness.search.calibration import DEFAULT_CALIB_DATA, DEFAULT_CALIB_TOKENS
+    from orthorank.harness.study.budgets import ISSUE_SETTINGS
 
     root = Path(__file__).resolve().parents[2]
     matrix = json.loads((root / "studies" / "smollm2-135m" / "transfer" / "transfer.json").read_text())
@@ -317,9 +317,9 @@ def test_calibrate_default_is_the_calibration_the_transfer_matrix_chooses():
 def test_long_context_stage_batches_one_task_per_generate_call(tmp_path):
     """The suite lists items task by task, so a batch that divides the samples per task never mixes tasks; the
     batched rows equal single prompts (test_longctx.test_padded_batch_generation_equals_single_prompts)."""
-    from orthorank.study.budgets import get_budget
-    from orthorank.study.context import StudyContext
-    from orthorank.study.stages import _longctx_calls, task_aligned_batch
+    from orthorank.harness.study.budgets import get_budget
+    from orthorank.harness.study.context import StudyContext
+    from orthorank.harness.study.stages import _longctx_calls, task_aligned_batch
 
     assert [task_aligned_batch(n) for n in (1, 2, 6, 7, 20, 50, 64)] == [1, 2, 6, 7, 5, 5, 8]
     for name in ("quick", "standard", "full"):
@@ -331,8 +331,8 @@ def test_long_context_stage_batches_one_task_per_generate_call(tmp_path):
 
 
 def test_study_runs_in_bfloat16_where_the_cpu_multiplies_it_natively(monkeypatch, capsys):
-    from orthorank import cpu_info
-    from orthorank.study import runner as study
+    from orthorank.harness import cpu_info
+    from orthorank.harness.study import runner as study
 
     monkeypatch.setattr(cpu_info, "cpu_multiplies_bf16", lambda: True)
     assert study.study_dtype("auto", "cpu") == "bfloat16" and "bfloat16" in capsys.readouterr().err
@@ -343,12 +343,12 @@ def test_study_runs_in_bfloat16_where_the_cpu_multiplies_it_natively(monkeypatch
 
 
 def test_study_costs_sum_the_stage_seconds_and_each_search_once(tmp_path):
-    """benchmarks/study_time.py costs: stage seconds from the folder, each plan search once (both levels share it),
+    """scripts/study_time.py costs: stage seconds from the folder, each plan search once (both levels share it),
     optional stages named but not counted (their last run resumed earlier ones)."""
     import importlib.util
 
     root = Path(__file__).resolve().parents[2]
-    spec = importlib.util.spec_from_file_location("study_time", root / "benchmarks" / "study_time.py")
+    spec = importlib.util.spec_from_file_location("study_time", root / "scripts" / "study_time.py")
     study_time = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(study_time)
     folder, plans_dir = tmp_path / "study", tmp_path / "plans"
@@ -381,9 +381,9 @@ def test_study_costs_sum_the_stage_seconds_and_each_search_once(tmp_path):
 def test_router_stage_routes_a_hybrid_plan_that_removes_layers_at_sleb_compute(tmp_path):
     """Where a hybrid plan removes layers and selects in others, the router stage fits a second router on its
     selection layers (matched to SLEB's compute) and compares it; a hybrid plan that only selects gets none."""
-    from orthorank.study.budgets import get_budget
-    from orthorank.study.context import StudyContext
-    from orthorank.study.stages import _router_calls, _router_output
+    from orthorank.harness.study.budgets import get_budget
+    from orthorank.harness.study.context import StudyContext
+    from orthorank.harness.study.stages import _router_calls, _router_output
 
     ctx = StudyContext("gemma3-270m", "gemma3-270m", tmp_path / "study", get_budget("standard"), {}, None, None,
                        tmp_path)
@@ -404,7 +404,7 @@ def test_router_stage_routes_a_hybrid_plan_that_removes_layers_at_sleb_compute(t
 
 
 def test_the_speed_claim_is_left_out_below_the_repeats_that_can_decide_it():
-    from orthorank.study.claims import MIN_SPEED_REPEATS, speed_claims
+    from orthorank.harness.evaluation.claims import MIN_SPEED_REPEATS, speed_claims
 
     def bench(k):
         times = [[0.10 + 0.001 * i for i in range(k)], [1.02 * (0.10 + 0.001 * i) for i in range(k)]]

@@ -13,13 +13,13 @@ import pytest
 
 pytest.importorskip("lm_eval")
 
-from orthorank.cli.main import main  # noqa: E402
+from orthorank.harness.cli.main import main  # noqa: E402
 from orthorank.errors import UserError  # noqa: E402
-from orthorank.evaluation.data import find_data_dir  # noqa: E402
+from orthorank.harness.evaluation.data import find_data_dir  # noqa: E402
 from cli_helpers import assert_user_error as _assert_user_error, run_cli  # noqa: E402
-from orthorank.evaluation.zeroshot import convert  # noqa: E402
-from orthorank.evaluation.zeroshot.registry import ALL_TASKS, MAIN_TASKS, TASKS, resolve_tasks  # noqa: E402
-from orthorank.evaluation.zeroshot.runner import format_table, run_zeroshot, task_manager  # noqa: E402
+from orthorank.harness.evaluation.zeroshot import convert  # noqa: E402
+from orthorank.harness.evaluation.zeroshot.registry import ALL_TASKS, MAIN_TASKS, TASKS, resolve_tasks  # noqa: E402
+from orthorank.harness.evaluation.zeroshot.runner import format_table, run_zeroshot, task_manager  # noqa: E402
 from orthorank.method.plan import Plan  # noqa: E402
 from orthorank.method.plan_store import find_plan, plan_relpath  # noqa: E402
 
@@ -240,7 +240,7 @@ def tiny_lm(tiny_hf_folder):
 def test_backend_matches_harness_hf_backend_for_dense(tiny_hf_folder):
     from lm_eval.models.huggingface import HFLM
 
-    from orthorank.evaluation.zeroshot.backend import OrthoRankLM
+    from orthorank.harness.evaluation.zeroshot.backend import OrthoRankLM
 
     reference = HFLM(pretrained=str(tiny_hf_folder), device="cpu", batch_size=3, dtype="float32")
     ours = OrthoRankLM(model=str(tiny_hf_folder), device="cpu", batch_size=3)
@@ -254,7 +254,7 @@ def test_backend_matches_harness_hf_backend_for_dense(tiny_hf_folder):
 def test_orthorank_plan_batches_with_a_mask_and_equals_batch_size_one(tiny_lm):
     from lm_eval.models.huggingface import HFLM
 
-    from orthorank.evaluation.zeroshot.backend import OrthoRankLM
+    from orthorank.harness.evaluation.zeroshot.backend import OrthoRankLM
     from orthorank.method.apply import apply_plan, restore_dense
 
     dense = [lp for lp, _ in loglikelihoods(OrthoRankLM(tiny_lm, batch_size=4))]
@@ -277,7 +277,7 @@ def test_orthorank_plan_batches_with_a_mask_and_equals_batch_size_one(tiny_lm):
 
 
 def test_pruned_plan_batches_without_changing_scores(tiny_lm):
-    from orthorank.evaluation.zeroshot.backend import OrthoRankLM
+    from orthorank.harness.evaluation.zeroshot.backend import OrthoRankLM
     from orthorank.method.apply import restore_dense
 
     plan = Plan("prune", [1], tiny_lm.name, tiny_lm.signature())
@@ -289,7 +289,7 @@ def test_pruned_plan_batches_without_changing_scores(tiny_lm):
 
 
 def test_backend_rejects_mismatched_plan(tiny_lm):
-    from orthorank.evaluation.zeroshot.backend import OrthoRankLM
+    from orthorank.harness.evaluation.zeroshot.backend import OrthoRankLM
 
     other = Plan("prune", [1], "another-model", tiny_lm.signature())
     with pytest.raises(UserError, match="made for model"):
@@ -318,7 +318,7 @@ def test_run_zeroshot_returns_harness_metrics_and_restores_dense(tiny_lm):
 def test_simple_evaluate_with_registered_backend_name(tiny_hf_folder):
     import lm_eval
 
-    import orthorank.evaluation.zeroshot.backend  # noqa: F401  registers "orthorank"
+    import orthorank.harness.evaluation.zeroshot.backend  # noqa: F401  registers "orthorank"
 
     out = lm_eval.simple_evaluate(model="orthorank", model_args=f"model={tiny_hf_folder},device=cpu",
                                   tasks=["orthorank_arc_easy"], limit=2, task_manager=task_manager(),
@@ -409,7 +409,7 @@ def test_cli_bad_input_is_one_line_exit_2(capsys, tmp_path):
 def test_lm_eval_command_line_wrapper(tiny_hf_folder, tmp_path):
     env = dict(os.environ, HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     proc = subprocess.run(
-        [sys.executable, "-m", "orthorank.evaluation.zeroshot", "--model", "orthorank", "--device", "cpu",
+        [sys.executable, "-m", "orthorank.harness.evaluation.zeroshot", "--model", "orthorank", "--device", "cpu",
          "--model_args", f"model={tiny_hf_folder},data_dir={DATA}", "--tasks", "orthorank_openbookqa",
          "--limit", "2"],
         capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
@@ -433,8 +433,8 @@ def test_embedded_model_limit_run_through_cli(capsys, tmp_path):
 def test_per_item_scorer_matches_the_harness_and_batches_exactly(tiny_lm):
     """The per-item scorer gives the harness's own accuracy (dense), and for an OrthoRank plan the same
     log-likelihoods at batch size 8 (right-padded with a mask) as at batch size 1."""
-    from orthorank.evaluation.compare import Row
-    from orthorank.evaluation.zeroshot.scoring import evaluate_zeroshot_rows, load_tasks, score_items
+    from orthorank.harness.evaluation.compare import Row
+    from orthorank.harness.evaluation.zeroshot.scoring import evaluate_zeroshot_rows, load_tasks, score_items
     from orthorank.method.apply import apply_plan, restore_dense
 
     dense = Plan("dense", [], tiny_lm.name, tiny_lm.signature())

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from conftest import ZOO, tiny_model
-from orthorank.search.layer_search import StackRunner
+from orthorank.harness.search.layer_search import StackRunner
 from orthorank.method.apply import apply_orthorank, prune_layers, restore_dense, selective
 from orthorank.method.selection import SelectionConfig
 

@@ -138,7 +138,7 @@ def test_chunked_package_is_assembled_once_verified_and_never_half_written(tmp_p
 
 def test_naming_a_chunked_package_does_not_assemble_it(tmp_path, monkeypatch):
     """Commands name a model (to find its plans) before loading it: naming must not join gigabytes of chunks."""
-    from orthorank.api.common import expected_model_name
+    from orthorank.harness.api.common import expected_model_name
     from orthorank.models.catalog import cache_dir
 
     payload = b"GGUF" + bytes(range(200))
@@ -151,7 +151,7 @@ def test_naming_a_chunked_package_does_not_assemble_it(tmp_path, monkeypatch):
 
 
 def test_shipped_names_and_packages_resolve_without_loading():
-    from orthorank.api.common import expected_model_name
+    from orthorank.harness.api.common import expected_model_name
     from orthorank.models.catalog import SHIPPED, shipped_by_package
 
     assert set(SHIPPED) >= {"smollm2-135m", "gemma3-270m"}

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from orthorank.evaluation.data import load_eval_text
-from orthorank.evaluation.perplexity import make_windows, perplexity, tokenize_text
+from orthorank.harness.evaluation.data import load_eval_text
+from orthorank.harness.evaluation.perplexity import make_windows, perplexity, tokenize_text
 from orthorank.method import SelectionConfig, apply_orthorank, restore_dense
 
 pytestmark = [pytest.mark.integration, pytest.mark.data]

@@ -202,8 +202,8 @@ def test_bad_local_settings_are_one_line_errors():
 def test_the_frontier_adds_local_attention_at_its_reach_once():
     from types import SimpleNamespace
 
-    from orthorank.api.frontier_rows import level_rows as _rows
-    from orthorank.api.options import FrontierOptions
+    from orthorank.harness.api.frontier_rows import level_rows as _rows
+    from orthorank.harness.api.options import FrontierOptions
 
     m = tiny_model("gemma3", layers=6)
     full = [i for i, t in enumerate(m.config.layer_types) if t == "full_attention" and i >= 1]

@@ -9,7 +9,7 @@ import pytest
 
 from cli_helpers import assert_user_error
 from conftest import tiny_model
-from orthorank.runtime.memory import Shape, check_fits, estimate_bytes
+from orthorank.harness.runtime.memory import Shape, check_fits, estimate_bytes
 from orthorank.method.cost import Arch
 from orthorank.errors import UserError
 
@@ -58,7 +58,7 @@ def test_peak_meter_sees_an_allocation_after_start():
 
     code = (
         "import sys, json, torch; sys.path.insert(0, sys.argv[1]);"
-        "from orthorank.peak_memory import PeakMeter;"
+        "from orthorank.harness.peak_memory import PeakMeter;"
         "m = PeakMeter('cpu').start(); b = torch.ones(64 * 2**20 // 4); b.add_(1);"
         "print(json.dumps(m.to_dict()))")
     src = str(Path(__file__).resolve().parents[2] / "src")
@@ -77,7 +77,7 @@ def test_commands_refuse_what_does_not_fit_and_record_their_peak(tiny_hf_folder,
     assert_user_error(capsys, "is available; ", "generate", "--model", str(tiny_hf_folder), "--prompt",
                       "hello there", "--max-new-tokens", "200")
     monkeypatch.delenv("ORTHORANK_MEMORY_LIMIT")
-    from orthorank.cli.main import main
+    from orthorank.harness.cli.main import main
 
     assert main(["ppl", "--model", str(tiny_hf_folder), "--dataset", str(text), "--seq-len", "64",
                  "--max-windows", "2", "--json", str(tmp_path / "r.json")]) == 0

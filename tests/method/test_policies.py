@@ -192,7 +192,7 @@ def test_policy_variants_parse_and_refuse():
 def test_headroom_share_is_one_for_the_oracle_zero_for_random_and_has_an_interval():
     import numpy as np
 
-    from orthorank.evaluation.stats import headroom_share
+    from orthorank.harness.evaluation.stats import headroom_share
 
     rng = np.random.default_rng(0)
     rand = 100 + rng.normal(0, 5, 20)
@@ -210,7 +210,7 @@ def test_compare_policies_rows_pair_with_the_paper_and_sleb_and_give_a_headroom_
                                                                                      monkeypatch, capsys):
     import json
 
-    from orthorank.cli.main import main
+    from orthorank.harness.cli.main import main
 
     monkeypatch.chdir(tmp_path)
     name = tiny_hf_folder.name
@@ -243,8 +243,8 @@ def test_compare_policies_rows_pair_with_the_paper_and_sleb_and_give_a_headroom_
 def test_selection_map_marks_spans_and_matches_last_keep(tiny_hf_folder, tmp_path, capsys):
     import json
 
-    from orthorank.analysis.selection_map import SelectionMap, needle_spans, take_map, tokenize_with_spans
-    from orthorank.cli.main import main
+    from orthorank.harness.analysis.selection_map import SelectionMap, needle_spans, take_map, tokenize_with_spans
+    from orthorank.harness.cli.main import main
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tiny_hf_folder)
@@ -295,7 +295,7 @@ def test_selection_map_marks_spans_and_matches_last_keep(tiny_hf_folder, tmp_pat
 def test_policy_choice_is_computed_from_the_intervals(tmp_path):
     import json
 
-    from orthorank.study.long_inputs import decide, main, markdown
+    from orthorank.harness.study.long_inputs import decide, main, markdown
 
     def ratio(a, b, d, v, lo, hi):
         return {"a": a, "a_level": 0.2, "b": b, "b_level": 0.2, "dataset": d, "ratio": v, "ci95": [lo, hi]}
@@ -351,7 +351,7 @@ def test_continuation_scoring_equals_the_whole_window_for_dense_and_counts_thres
 
     import torch.nn.functional as F
 
-    from orthorank.evaluation.continuation import continuation_nll, scored_tokens
+    from orthorank.harness.evaluation.continuation import continuation_nll, scored_tokens
     from orthorank.method.apply import apply_plan, restore_dense
 
     m = tiny_model(layers=4)

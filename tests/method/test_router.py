@@ -1,4 +1,4 @@
-"""The router policy (method/router.py), its fit (search/router_fit.py) and the loss-oracle (method/recording.py)."""
+"""The router policy (method/router.py), its fit (harness/search/router_fit.py) and the loss-oracle (method/recording.py)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from orthorank.method.plan import Plan
 from orthorank.method.policies import POLICIES
 from orthorank.method.router import RouterState, constant_router, flops_per_token, random_router
 from orthorank.method.selection import keep_count
-from orthorank.search.router_fit import FitSettings, fit_router
+from orthorank.harness.search.router_fit import FitSettings, fit_router
 
 SIG = {"model_type": "llama", "num_layers": 4, "hidden_size": 64, "vocab_size": 128}
 
@@ -279,7 +279,7 @@ def test_a_broken_plan_file_is_reported_before_the_model_loads(capsys, tmp_path)
 def test_rematch_sets_keep_ratios_to_another_plans_compute_within_one_token():
     """fit-router's compute match: an OrthoRank plan's one ratio, a hybrid plan's selection layers shifted by the
     same kept-token count, each landing within one kept token per layer of the target, router FLOPs counted."""
-    from orthorank.api.fit_router import rematch
+    from orthorank.harness.api.fit_router import rematch
     from orthorank.method.cost import Arch, hybrid_compute_sparsity, selection_layer_flops
 
     arch = {"num_layers": 18, "hidden": 640, "heads": 4, "kv_heads": 1, "head_dim": 256, "ffn": 2048,
@@ -310,8 +310,8 @@ def test_rematch_sets_keep_ratios_to_another_plans_compute_within_one_token():
 def test_a_killed_fit_resumes_after_its_last_finished_pass(tmp_path):
     """Each finished recording pass is kept in the store: a two-pass fit after a one-pass fit of the same key
     resumes the first pass and ends where a fresh two-pass fit ends."""
-    from orthorank.search.router_fit import fit_key
-    from orthorank.store import ResultStore
+    from orthorank.harness.search.router_fit import fit_key
+    from orthorank.harness.store import ResultStore
 
     m = tiny_model(layers=4)
     windows = ids_for(batch=8, length=16, seed=7)
@@ -356,7 +356,7 @@ def test_fit_router_keeps_the_paper_rule_when_no_router_beats_it(tiny_hf_folder,
     re-matched with its own scoring cost to the same compute, and says so; --always-route writes the router."""
     from cli_helpers import run_cli
 
-    import orthorank.search.router_fit as router_fit
+    import orthorank.harness.search.router_fit as router_fit
     from orthorank.method.router import constant_router
 
     monkeypatch.chdir(tmp_path)

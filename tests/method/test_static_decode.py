@@ -86,7 +86,7 @@ def test_full_static_cache_is_refused():
 
 
 def test_bench_decode_on_a_static_cache(tmp_path):
-    from orthorank.cli.main import main
+    from orthorank.harness.cli.main import main
 
     out = tmp_path / "bench.json"
     rc = main(["bench", "--model", "smollm2-135m-shape", "--num-layers", "4", "--device", "cpu", "--sparsity", "0.25",

@@ -1,5 +1,5 @@
 """The package's import graph reads top-down: no folder imports one above it, no cycle, every folder placed
-(benchmarks/code_shape.py measures it and prints the numbers)."""
+(tools/code_shape.py measures it and prints the numbers)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import importlib.util
 from pathlib import Path
 
 _SPEC = importlib.util.spec_from_file_location(
-    "code_shape", Path(__file__).resolve().parents[2] / "benchmarks" / "code_shape.py")
+    "code_shape", Path(__file__).resolve().parents[2] / "tools" / "code_shape.py")
 code_shape = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(code_shape)
 
@@ -35,9 +35,9 @@ def test_the_measure_sees_an_arrow_back_up_and_a_cycle(tmp_path):
 def test_every_module_a_stored_result_is_keyed_by_exists():
     """The result store keys each result kind by the code of named modules; a moved file would silently drop out
     of the key (its results then outliving a change to its code)."""
-    from orthorank import store
+    from orthorank.harness import store
 
-    root = Path(store.__file__).resolve().parent
+    root = Path(store.__file__).resolve().parents[1]  # the package: src/orthorank
     missing = sorted({rel for mods in store.NUMERIC_MODULES.values() for rel in mods if not (root / rel).is_file()})
     assert missing == [], f"NUMERIC_MODULES names files that do not exist: {missing}"
 
@@ -67,12 +67,12 @@ def test_the_measure_sees_a_kind_test_a_repeated_flag_and_a_long_file(tmp_path):
     pkg = tmp_path / "orthorank"
     files = {
         "__init__.py": "",
-        "api/__init__.py": "", "cli/__init__.py": "", "method/__init__.py": "", "method/kinds/__init__.py": "",
-        "api/options.py": 'from dataclasses import field\nx = field(default=1, metadata={"flag": "--ratio"})\n'
+        "harness/api/__init__.py": "", "harness/cli/__init__.py": "", "method/__init__.py": "", "method/kinds/__init__.py": "",
+        "harness/api/options.py": 'from dataclasses import field\nx = field(default=1, metadata={"flag": "--ratio"})\n'
                           'a = flag("--seq-len", help="tokens")\nb = flag("--seq-len", help="tokens")\n'
                           'c = flag("--batch-size", help="windows")\nd = flag("--batch-size", help="prompts")\n',
-        "cli/ppl.py": 'def f(p):\n    p.add_argument("--ratio")\n    p.add_argument("--other")\n',
-        "api/run.py": 'def f(plan, method):\n    a = plan.method == "prune"\n    b = method in ("dense", "sleb")\n'
+        "harness/cli/ppl.py": 'def f(p):\n    p.add_argument("--ratio")\n    p.add_argument("--other")\n',
+        "harness/api/run.py": 'def f(plan, method):\n    a = plan.method == "prune"\n    b = method in ("dense", "sleb")\n'
                       '    c = plan.kind.removes\n    return "x" + ("\\n" * 0) * 401\n' + "#\n" * 400,
         "method/kinds/prune.py": 'def f(plan):\n    return plan.method == "prune"\n',
     }
@@ -80,7 +80,7 @@ def test_the_measure_sees_a_kind_test_a_repeated_flag_and_a_long_file(tmp_path):
         (pkg / name).parent.mkdir(parents=True, exist_ok=True)
         (pkg / name).write_text(body)
     m = code_shape.measure(pkg)
-    assert m["kind_string_tests"] == ["orthorank/api/run.py:2", "orthorank/api/run.py:3"]
+    assert m["kind_string_tests"] == ["orthorank/harness/api/run.py:2", "orthorank/harness/api/run.py:3"]
     # --ratio: the CLI beside the options; --seq-len: the same declaration copied; --batch-size: two meanings
     assert m["flags_declared_more_than_once"] == ["--ratio", "--seq-len"]
-    assert [f["file"] for f in m["files_over_400_lines"]] == ["orthorank/api/run.py"]
+    assert [f["file"] for f in m["files_over_400_lines"]] == ["orthorank/harness/api/run.py"]

@@ -36,7 +36,7 @@ def _plans(model: str) -> list[Path]:
 def _perplexities(model: str) -> dict[str, float]:
     import torch
 
-    from orthorank.evaluation.perplexity import perplexity
+    from orthorank.harness.evaluation.perplexity import perplexity
     from orthorank.method import Plan, apply_plan, restore_dense
     from orthorank.models import load_model
 

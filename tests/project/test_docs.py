@@ -1,17 +1,17 @@
-"""README and docs quote committed results through generated blocks (orthorank.study.docs_blocks)."""
+"""README and docs quote committed results through generated blocks (tools.docs_blocks)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from orthorank.study.docs_blocks import main, sync
+from tools.docs_blocks import main, sync
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_every_generated_block_equals_its_committed_file():
     stale = sync(ROOT, check=True)
-    assert not stale, f"run `python -m orthorank.study.docs_blocks`: {stale}"
+    assert not stale, f"run `python -m tools.docs_blocks`: {stale}"
 
 
 def test_blocks_are_rewritten_from_their_files_and_a_missing_file_is_an_error(tmp_path, capsys):

@@ -3,7 +3,7 @@
 The masked SDPA of method/attention.py gives each chunk of selected queries (in position order) the keys up to the
 chunk's last position and a boolean mask over all of them. On CPU that mask is what costs: the kernel adds a float
 copy of it to every score block, so at 32k tokens a selection layer's attention runs ~1.3x slower per useful FLOP
-than the dense layer's causal kernel (benchmarks/results/length-scaling/length-scaling.md). But every query
+than the dense layer's causal kernel (scripts/results/length-scaling/length-scaling.md). But every query
 of a chunk sees every key up to the chunk's *first* position: only the keys between the first and the last position
 (the chunk's diagonal, ~S / chunks of them) need a mask. So each chunk runs twice, unmasked over the prefix and
 masked over the diagonal, and the two partial softmaxes are merged by their log-sum-exps:

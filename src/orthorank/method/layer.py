@@ -75,7 +75,7 @@ class SelectiveLayer:
     # A threshold decode step of one sequence decides its one token with a single comparison, then runs either the
     # family's dense layer (kept: the same update as the selective path's) or only its K/V (bypassed), without the
     # general selection's masks, gathers and routed attention (SmolLM2-135M at batch 1, ten selection layers all
-    # keeping: 0.08-0.10 of a dense step cheaper; benchmarks/decode_step_parts.py). Off: the general path (the
+    # keeping: 0.08-0.10 of a dense step cheaper; scripts/decode_step_parts.py). Off: the general path (the
     # reference for tests).
     fast_threshold_step = True
 

@@ -17,7 +17,7 @@ from orthorank.method.kinds import KINDS, PlanKind, get_kind
 from orthorank.method.kinds.hybrid import REMOVE  # noqa: F401  (named from here by its callers)
 from orthorank.method.local_attention import LocalAttention
 from orthorank.method.selection import SelectionConfig
-from orthorank.results import atomic_write_text
+from orthorank.files import atomic_write_text
 
 PLAN_FORMAT = "orthorank-plan/1"
 # The plan kinds (method/kinds/): what a plan does to the model

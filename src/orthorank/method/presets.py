@@ -2,7 +2,7 @@
 
 A preset names a method (a schedule of method/schedules.py or a method with saved plans), a level s (the compute of
 removing ceil(s L) layers, at the prompt's own length) and a tail W (the prompt's last W tokens always updated). It
-is never typed by hand: `python -m orthorank.study.presets` chooses it from committed frontier files scored on
+is never typed by hand: `python -m orthorank.harness.study.presets` chooses it from committed frontier files scored on
 calibration prompts (`frontier --score-on calibration`; the method and level with the best free speed-up across every
 model and length measured) and writes
 src/orthorank/presets/<name>.json with the numbers it rests on. Where no setting is free anywhere, the preset is

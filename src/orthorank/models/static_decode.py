@@ -66,7 +66,7 @@ def allocated_static_cache(model: nn.Module, batch: int, max_len: int) -> Any:
     Allocated lazily (transformers' default), each layer's K/V blocks land between the prefill's transient
     activations; those holes then do not fit the next layer's activations, so the allocator's heap grows: the
     resident peak of a 4k-token generation of the embedded model varied from 417 to 475 MiB between identical runs
-    (estimate 361), against 313-315 MiB with the cache allocated first (benchmarks/results/memory)."""
+    (estimate 361), against 313-315 MiB with the cache allocated first (scripts/results/memory)."""
     config = getattr(model.config, "text_config", None) or model.config
     cache = StaticCache(config=model.config, max_cache_len=max_len)
     arch = Arch.from_config(config)

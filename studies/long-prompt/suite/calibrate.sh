@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Issue 55: the long-prompt preset re-earned on the RULER-grade suite, on calibration prompts only.
 #
-# Every task of the suite (evaluation/longctx_suite.py RULER_TASKS), in all three layouts (question last, question
+# Every task of the suite (harness/evaluation/longctx_suite.py RULER_TASKS), in all three layouts (question last, question
 # first ending in "Answer:", a long question after over 100 tokens of instructions), with and without the chat
 # template, built from calibration text (C4's and news' calibration parts, BoolQ's calibration rows) with the
 # calibration seed. Rows: dense and local prefill attention at the level of the current preset (0.4), with its own
-# spans (head 0, tail 64) and with the candidate spans below; the rule (evaluation/noninferiority.py) decides which
-# pass, and `python -m orthorank.study.presets` chooses among those that pass. 5 interleaved timing rounds.
+# spans (head 0, tail 64) and with the candidate spans below; the rule (harness/evaluation/noninferiority.py) decides which
+# pass, and `python -m orthorank.harness.study.presets` chooses among those that pass. 5 interleaved timing rounds.
 # Resumable through the result store, kept in this folder (studies/long-prompt/suite/store) and committed as it
 # fills, so a run stopped by a session's end resumes in the next one from a clean clone.
 #   studies/long-prompt/suite/calibrate.sh [MODEL:LENGTH ...]   (default: smollm2-135m:4096)
@@ -20,7 +20,7 @@ T=${THREADS:-2}
 RUNS=${*:-smollm2-135m:4096}
 SAMPLES=${SAMPLES:-3}
 SPANS=${SPANS:-192:64}
-TASKS=$(.venv/bin/python -c "from orthorank.evaluation.longctx_suite import RULER_TASKS; print(','.join(RULER_TASKS))")
+TASKS=$(.venv/bin/python -c "from orthorank.harness.evaluation.longctx_suite import RULER_TASKS; print(','.join(RULER_TASKS))")
 for run in $RUNS; do
   m=${run%%:*}
   len=${run##*:}

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Issue 55: the long-prompt preset, chosen on calibration prompts (calibrate.sh, then python -m
-# orthorank.study.presets), checked once on the evaluation split of the RULER-grade suite: every task, all three
+# orthorank.harness.study.presets), checked once on the evaluation split of the RULER-grade suite: every task, all three
 # layouts, with and without the chat template, dense beside the preset's row, paired item by item and judged by the
-# non-inferiority rule (evaluation/noninferiority.py). SAMPLES per task, layout and template (10 tasks x 3 layouts x 2
+# non-inferiority rule (harness/evaluation/noninferiority.py). SAMPLES per task, layout and template (10 tasks x 3 layouts x 2
 # templates x SAMPLES items); 5 interleaved timing rounds. Resumable through the committed result store.
 #   studies/long-prompt/suite/check.sh [MODEL:LENGTH ...]   (default: smollm2-135m:4096)
 set -euo pipefail
@@ -11,7 +11,7 @@ O=${O:-.venv/bin/orthorank}
 T=${THREADS:-2}
 RUNS=${*:-smollm2-135m:4096}
 SAMPLES=${SAMPLES:-3}
-TASKS=$(.venv/bin/python -c "from orthorank.evaluation.longctx_suite import RULER_TASKS; print(','.join(RULER_TASKS))")
+TASKS=$(.venv/bin/python -c "from orthorank.harness.evaluation.longctx_suite import RULER_TASKS; print(','.join(RULER_TASKS))")
 for run in $RUNS; do
   m=${run%%:*}
   len=${run##*:}
