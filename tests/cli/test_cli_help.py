@@ -164,3 +164,12 @@ def test_named_files_are_read_before_the_model_loads(capsys, tiny_hf_folder, tmp
         lines = [line for line in err.splitlines() if line.strip()]
         assert code == 2 and lines and fragment in lines[-1], (argv[0], err)
         assert "loaded " not in err and "Traceback" not in err, (argv[0], err)
+
+
+def test_fit_routers_switch_is_not_named_like_the_ratio_and_the_old_name_still_works(capsys):
+    parser = build_parser()
+    new = vars(parser.parse_args(["fit-router", "--plan", "p.json", "--json", "r.json", "--no-rematch"]))
+    assert new["keep_ratio"] is True and capsys.readouterr().err == ""
+    old = vars(parser.parse_args(["fit-router", "--plan", "p.json", "--json", "r.json", "--keep-ratio"]))
+    assert old == new
+    assert capsys.readouterr().err == "orthorank: --keep-ratio is deprecated; use --no-rematch\n"

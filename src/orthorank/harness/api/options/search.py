@@ -127,9 +127,10 @@ class FitRouterOptions(ModelOptions, DataOptions, StoreOptions, OverwriteOptions
                                     "%(default)s)")
     batch_size: int = flag("--batch-size", default=4, type=positive_int,
                            help="windows per forward (default %(default)s)")
-    keep_ratio: bool = flag("--keep-ratio", default=False, kind="switch",
-                            help="keep the plan's ratio (default: re-match an OrthoRank plan's compute with the "
-                                 "router's cost)")
+    # a switch, so not named like --ratio (a number everywhere else); --keep-ratio still works for a release
+    keep_ratio: bool = flag("--no-rematch", default=False, kind="switch", deprecated=("--keep-ratio",),
+                            help="keep the plan's keep ratios as they are (default: re-match an OrthoRank plan's "
+                                 "compute with the router's cost)")
     match_compute_of: str | None = flag("--match-compute-of", default=None, metavar="PLAN",
                                         help="set the keep ratios so that the router plan skips exactly this plan's "
                                              "compute (e.g. SLEB's at the same level; default: the compute the plan "
