@@ -386,3 +386,17 @@ def test_fit_router_keeps_the_paper_rule_when_no_router_beats_it(tiny_hf_folder,
     assert routed.selection.policy == "router" and routed.provenance["router_fit"]["kept"] == "router"
     # the router pays more to score, so it keeps fewer tokens for the same compute
     assert routed.selection.ratio <= kept.selection.ratio
+
+
+def test_a_router_score_converts_its_input_once_and_equals_the_per_term_conversions_bit_for_bit():
+    """score() converts a bfloat16 score input to float32 once for every term; each term converting on its own
+    gives the same bits (the router's stored results and plans keep their numbers)."""
+    from orthorank.method.router import extra_features, random_router
+
+    torch.manual_seed(0)
+    layer = random_router([3], 64, seed=1).layer(3)
+    for dtype in (torch.bfloat16, torch.float32):
+        src, hidden = torch.randn(2, 50, 64).to(dtype), (5 * torch.randn(2, 50, 64)).to(dtype)
+        w_x, w_e, b = layer.folded(src.device)
+        each = torch.mv(src.reshape(-1, 64).float(), w_x).view(2, 50) + extra_features(src, hidden, src[:, 0]) @ w_e + b
+        assert torch.equal(layer.score(src, hidden, src[:, 0]), each)

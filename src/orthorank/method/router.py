@@ -113,8 +113,11 @@ class LayerRouter:
             raise UserError(f"the router of layer {self.layer} was fitted on hidden size {w_x.shape[0]}, not "
                             f"{src.shape[-1]}")
         B, T, D = src.shape
-        main = torch.mv(src.reshape(B * T, D).float(), w_x).view(B, T)
-        return main + extra_features(src, hidden, sink, positions) @ w_e + b
+        # one float32 copy of the score input serves the linear score, the sink terms and the norm (each would
+        # otherwise convert a bfloat16 input again: the same values, two more passes over [B, T, D])
+        xf = src.float()
+        main = torch.mv(xf.reshape(B * T, D), w_x).view(B, T)
+        return main + extra_features(xf, hidden, sink, positions) @ w_e + b
 
     def to_dict(self) -> dict[str, Any]:
         return {"weight": list(self.weight), "bias": self.bias, "mean": list(self.mean), "scale": list(self.scale)}
