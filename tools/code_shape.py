@@ -39,7 +39,7 @@ LONG_FUNCTION = 80
 LONG_FILE = 400
 # A plan kind or method tested by its name (`plan.method == "prune"`, `method in ("dense", "sleb")`): allowed only
 # inside the kind modules (method/kinds/), where each kind answers for itself.
-KIND_NAMES = {"method", "plan_kind", "plan_method", "kind"}
+KIND_NAMES = {"method", "plan_kind", "plan_method", "kind", "family", "m"}  # m: a method in a loop
 KIND_HOME = "orthorank/method/kinds/"
 
 

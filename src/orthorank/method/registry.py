@@ -35,6 +35,8 @@ class Method:
     # compare also pairs its rows with these methods' rows at its level: what one step of its making adds (the router
     # on the layers searched under it against the router on OrthoRank's layers)
     paired_with: tuple[str, ...] = ()
+    # beyond the paper and compared, at its level, with every pruning method and the paper's rule (compare's pairs)
+    against_all: bool = False
 
     @property
     def kind(self) -> PlanKind:
@@ -76,7 +78,7 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     # (`calibrate --method hybrid --cost-table FILE --target-speedup X`). Its saved plans hybrid-<s>.json target the
     # predicted speed-up of removing ceil(s L) layers; `bench` times them (removals, a keep ratio per layer).
     Method("hybrid", "hybrid", "this project: greedy remove / select / keep per layer at a measured speed-up target",
-           search="hybrid"),
+           search="hybrid", against_all=True),
     # Per-layer keep ratios: the hybrid search without removals, on the FLOP cost model, to pruning's compute at
     # each level, the last move's ratio then set so that the compute matches exactly (`calibrate --method
     # orthorank-ratios --sparsity S`; any --policy).
@@ -86,7 +88,7 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     # --out plans/<model>/router-<s>.json`): OrthoRank's layers, a fitted score instead of the sink rule, the keep
     # ratio re-matched so that compute, the router's FLOPs included, equals pruning's.
     Method("router", "orthorank", "this project: a linear router fitted on calibration text chooses the tokens, "
-           "compute-matched"),
+           "compute-matched", against_all=True),
     # The router on a hybrid plan's selection layers (`fit-router --plan plans/<model>/hybrid-<s>.json
     # --match-compute-of plans/<model>/sleb-<s>.json --out plans/<model>/router-hybrid-<s>.json`): the hybrid
     # search's removals and selection layers, each selection layer's kept tokens shifted so that compute, the
@@ -95,9 +97,9 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     # orthorank --policy router --router BANK` runs the greedy layer search with it, `fit-router` on the plan found
     # refits the router on its own layers, compute-matched to SLEB): the layers that suit the router, not the sink rule.
     Method("router-searched", "orthorank", "this project: the greedy layer search run under a router bank, the router "
-           "refitted on the layers found, compute-matched", paired_with=("router",)),
+           "refitted on the layers found, compute-matched", paired_with=("router",), against_all=True),
     Method("router-hybrid", "hybrid", "this project: a hybrid plan's removals, with a fitted router choosing the "
-           "tokens in its selection layers, compute-matched"),
+           "tokens in its selection layers, compute-matched", against_all=True),
     Method("spread-orthorank", "orthorank", "token selection in evenly spread layers (speed measurements)",
            layers="spread"),
     Method("spread-prune", "prune", "removal of evenly spread layers (speed measurements)", layers="spread"),

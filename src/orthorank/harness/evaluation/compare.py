@@ -23,7 +23,7 @@ from orthorank.method.plan import Plan
 from orthorank.method.policies import parse_variant
 from orthorank.harness.runtime.matching import measured_speedups
 from orthorank.harness.store import model_fingerprint
-from orthorank.method.registry import baseline, get_method, is_baseline, is_reference
+from orthorank.method.registry import METHODS, baseline, get_method, is_baseline, is_reference
 
 # Ablations of the paper, applied on the OrthoRank plan's own layers. The paper does not say whether the sink's
 # keys/values stay visible when bypassed tokens give none, so both variants are run.
@@ -188,7 +188,7 @@ def reference_rows(row: Row, rows: list[Row]) -> list[Row]:
         if row.ablation.startswith("policy "):  # another rule at the paper's compute: also against pruning
             own += [r for r in rows if r.method in PRUNING and r.level == row.level]
         return own
-    if row.family in ("hybrid", "router", "router-hybrid", "router-searched"):  # against every pruning method and OrthoRank at its level
+    if getattr(METHODS.get(row.family), "against_all", False):  # against every pruning method and OrthoRank at its level
         # and against the methods the registry pairs it with (a searched router plan: the router on OrthoRank's
         # layers, what the search under it adds)
         also = get_method(row.family).paired_with

@@ -22,13 +22,21 @@ from orthorank.harness.api.options import CalibrateOptions, CompareOptions, Opti
 from orthorank.harness.evaluation.stats import draw_ratio, worst_ratio, worst_ratio_scores
 from orthorank.method.plan import Plan
 from orthorank.method.plan_store import sparsity_label
-from orthorank.method.registry import get_method
+from orthorank.method.registry import get_method, is_baseline
 from orthorank.harness.results import atomic_save_figure, atomic_write_text
 from orthorank.harness.search.registry import get_search
 from orthorank.harness.study.budgets import DOMAINS, TransferSetting
 from orthorank.harness.study.context import StudyContext, hybrid_cost_table
 
 METHODS = ("sleb", "shortgpt", "shortened-ppl", "orthorank", "hybrid")
+
+
+def _measured_costs(method: str) -> bool:
+    """Whether the method's search prices its moves with a measured cost table (the hybrid: searched after the
+    greedy methods' evaluations, on its own cost table)."""
+    return get_search(get_method(method).search).measured_costs
+
+
 # In-domain: the evaluation domains a calibration source's text comes from (a mix: all of them).
 IN_DOMAIN = {"c4": {"c4"}, "wikitext2": {"wikitext2"}, "code": {"code"}, "news": {"news"},
              "mix": set(DOMAINS)}
@@ -52,7 +60,7 @@ def transfer_calls(ctx: StudyContext) -> Iterator[Options]:
     b, t = ctx.budget, ctx.budget.transfer
     table = ctx.out / "hybrid" / "cost-table.json"
     order = sorted(t.settings, key=lambda s: s.tokens)
-    searched = [m for m in METHODS if m != "hybrid"]
+    searched = [m for m in METHODS if not _measured_costs(m)]
 
     def calibrate(setting: TransferSetting, method: str) -> CalibrateOptions:
         extra = {"cost_table": str(table)} if get_search(get_method(method).search).measured_costs else {}
@@ -114,7 +122,7 @@ def chosen_setting(ctx: StudyContext) -> TransferSetting | None:
     done = [s for s in t.settings if (out / s.name / "compare.json").is_file()]
     if len(done) < len(t.settings):  # the whole matrix chooses, never an early leader
         return None
-    choice = choose_calibration(out, done, [m for m in METHODS if m != "hybrid"], t.levels)
+    choice = choose_calibration(out, done, [m for m in METHODS if not _measured_costs(m)], t.levels)
     return next((s for s in t.settings if choice and s.name == choice["chosen"]), None)
 
 
@@ -151,8 +159,8 @@ def render_matrix(ctx: StudyContext) -> dict:
         for w in data.get("worst_domain", []):
             worst[(w["method"], w["level"], setting.name)] = w
     done = [s for s in t.settings if s.name in meta]
-    methods = [m for m in METHODS if m != "sleb"]
-    greedy = [m for m in methods if m != "hybrid"]
+    methods = [m for m in METHODS if not is_baseline(m)]
+    greedy = [m for m in methods if not _measured_costs(m)]
     choice = choose_calibration(out, done, ["sleb", *greedy], t.levels)
     lines = [f"# Transfer matrix: {ctx.model_name}, paired perplexity ratio against SLEB calibrated on the same "
              "source", "",
