@@ -400,3 +400,25 @@ def test_a_router_score_converts_its_input_once_and_equals_the_per_term_conversi
         w_x, w_e, b = layer.folded(src.device)
         each = torch.mv(src.reshape(-1, 64).float(), w_x).view(2, 50) + extra_features(src, hidden, src[:, 0]) @ w_e + b
         assert torch.equal(layer.score(src, hidden, src[:, 0]), each)
+
+
+def test_the_front_door_fits_a_router_and_returns_the_plan_to_apply(tmp_path):
+    """`orthorank.fit_router` is the harness's fit behind the library's front door: the router plan where the router
+    beats the paper's rule on the held-out windows, the plan unchanged where it does not."""
+    import orthorank
+
+    m = tiny_model(layers=4)
+    windows = ids_for(batch=8, length=16, seed=7)
+    plan = Plan("orthorank", [1, 2], "tiny", SIG, selection=SelectionConfig(ratio=0.4))
+    plan.save(tmp_path / "p.json")
+    loaded = orthorank.load_plan(tmp_path / "p.json")
+    settings = dict(alphas=(1.0, 100.0), iterations=1, batch_size=4, seed=5)
+    routed = orthorank.fit_router(m, loaded, windows, **settings)
+    nll = fit_router(m, plan, windows, FitSettings(**settings), {}).report["held_out_nll"]
+    if nll["router"] < nll["orthogonal"]:
+        assert routed.selection.policy == "router" and routed.selection.fitted.layer_indices == [1, 2]
+    else:
+        assert routed is loaded
+    orthorank.apply_plan(m, routed)
+    assert torch.isfinite(m(windows[:1]).logits).all()
+    orthorank.restore_dense(m)
