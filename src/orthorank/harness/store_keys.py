@@ -19,7 +19,7 @@ from torch import nn
 _MODEL_MODULES = ("method/orthogonality.py", "method/selection.py", "method/attention.py", "method/attention_split.py", "method/layer.py",
                   "method/apply.py", "method/policies.py", "method/router.py", "method/recording.py",
                   "method/local_attention.py", "models/adapters.py", "method/sequence_context.py",
-                  "method/attention_routing.py", "method/policy_inputs.py")
+                  "method/attention_routing.py", "method/policy_inputs.py", "method/dense_first.py")
 NUMERIC_MODULES = {
     "perplexity": _MODEL_MODULES + ("harness/evaluation/perplexity.py",),
     "zeroshot": _MODEL_MODULES + ("harness/evaluation/zeroshot/scoring.py", "harness/evaluation/zeroshot/convert.py"),

@@ -23,10 +23,11 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from orthorank.errors import UserError
-from orthorank.method import policy_inputs
+from orthorank.method import dense_first, policy_inputs
 from orthorank.method.attention import backend_for
-from orthorank.method.attention_routing import RowCall, gather_rows, key_keep, keys_values, route_attention, run_routed
+from orthorank.method.attention_routing import (RowCall, gather_rows, key_keep, keys_values, route_attention, run_routed,
+                                                scatter_rows)
+from orthorank.method.phase_marks import phase
 from orthorank.method.policies import FITTED, always_update
 from orthorank.method.policy_inputs import Chunk, Scoring
 from orthorank.method.selection import SelectionConfig, keep_to_indices, top_k_indices, topk_keep_mask
@@ -167,8 +168,10 @@ class SelectiveLayer:
             K = facts.kmax
             keys = None
             if K < T:
-                keys = self._scores(src, sink, facts, B, T, past)
-                idx = top_k_indices(keys, K, sink_pos=0)
+                with phase("scoring"):
+                    keys = self._scores(src, sink, facts, B, T, past)
+                with phase("top-K"):
+                    idx = top_k_indices(keys, K, sink_pos=0)
             else:
                 idx = torch.arange(T, device=h.device).expand(B, T)
             if cfg.decode == "threshold":
@@ -189,16 +192,19 @@ class SelectiveLayer:
             return None  # sink unknown (cache built elsewhere): stay exact, run densely
         self._sink_state = sink
 
-        keys = self._scores(src, sink, facts, B, T, past)
+        with phase("scoring"):
+            keys = self._scores(src, sink, facts, B, T, past)
         if past > 0 and cfg.decode == "threshold" and self._cutoff is not None:
             keep = valid & (keys <= self._cutoff.unsqueeze(1))
             keep &= sink_pos.unsqueeze(1) != torch.arange(T, device=h.device)
             return keep_to_indices(keep)  # data-dependent count: one sync
-        keep = topk_keep_mask(keys, valid, torch.where(in_chunk, sink_pos, -1), facts.k)
+        with phase("top-K"):
+            keep = topk_keep_mask(keys, valid, torch.where(in_chunk, sink_pos, -1), facts.k)
         if past == 0 and cfg.decode == "threshold":
             kept_keys = torch.where(keep, keys.float(), torch.full_like(keys, float("-inf"), dtype=torch.float32))
             self._cutoff = kept_keys.amax(dim=1)
-        idx, real = keep_to_indices(keep, facts.kmax)
+        with phase("top-K"):
+            idx, real = keep_to_indices(keep, facts.kmax)
         return idx, (None if facts.uniform else real)
 
     # -- forward -------------------------------------------------------------------------------------------------
@@ -229,18 +235,21 @@ class SelectiveLayer:
             self._sink_state, self._cutoff = None, None
         recorder = self._context.recorder
         if recorder is not None:
-            return self._recorded(recorder, hidden_states, args, kwargs, past)
+            return dense_first.recorded(self, recorder, hidden_states, args, kwargs, past)
 
-        x = self.adapter.attention_input(layer, hidden_states)
-        src = self.adapter.score_input(hidden_states, x) if cfg.source == "normed" else hidden_states
+        with phase("input norm"):
+            x = self.adapter.attention_input(layer, hidden_states)
+        with phase("scoring"):
+            src = self.adapter.score_input(hidden_states, x) if cfg.source == "normed" else hidden_states
         self._hidden = hidden_states
         facts = self._context.facts(B, T, past, hidden_states.device, cfg.ratio)
         if self._dense_first:
-            return self._oracle(hidden_states, args, kwargs, src, past, facts)
+            return dense_first.oracle(self, hidden_states, args, kwargs, src, past, facts)
         if T == 1 and B == 1 and past > 0 and self._plain_threshold_step(facts):
             return self._threshold_step(hidden_states, x, src, args, kwargs, cache, facts, past)
-        given = policy_inputs.measure(self.rule, Chunk(self, hidden_states, x, kwargs["position_embeddings"], facts,
-                                                       cache, past))
+        with phase("scoring"):
+            given = policy_inputs.measure(self.rule, Chunk(self, hidden_states, x, kwargs["position_embeddings"],
+                                                           facts, cache, past))
         sel = self._select_given(given, hidden_states, src, past, facts)
         if sel is None:
             self._last = None
@@ -272,7 +281,7 @@ class SelectiveLayer:
         mask = kwargs.get("attention_mask", args[0] if args else None)
         call.mask4d = mask if isinstance(mask, torch.Tensor) and mask.dim() == 4 else None
         call.key_keep = key_keep(self, idx, real, B, T, past, facts, hidden_states.device)
-        call.rows = None
+        call.rows = call.h_sel = call.x_sel = None
         return call
 
     def _update_rows(self, hidden_states: torch.Tensor, call: RowCall, real: torch.Tensor | None, args: tuple,
@@ -282,18 +291,18 @@ class SelectiveLayer:
         idx = call.idx
         sel_kwargs = dict(kwargs)
         cos, sin = call.pos_emb
-        sel_kwargs["position_embeddings"] = (gather_rows(cos, idx), gather_rows(sin, idx))
-        h_sel = gather_rows(hidden_states, idx)  # [B, K, D]
-        out = run_routed(self, call, h_sel, args, sel_kwargs)
+        with phase("gather"):
+            sel_kwargs["position_embeddings"] = (gather_rows(cos, idx), gather_rows(sin, idx))
+            h_sel = gather_rows(hidden_states, idx)  # [B, K, D]
+            x_sel = gather_rows(call.x, idx)
+        out = run_routed(self, call, h_sel, x_sel, args, sel_kwargs)
         h_new = out[0] if isinstance(out, tuple) else out
-        if real is not None:
-            # Filler entries (rows with fewer kept tokens) write back their own unchanged state.
-            h_new = torch.where(real.unsqueeze(-1), h_new, h_sel)
-        index = idx.unsqueeze(-1).expand_as(h_new)
-        if self._context.inplace_ok():
-            result = hidden_states.scatter_(1, index, h_new)  # no copy of the whole residual stream
-        else:
-            result = hidden_states.scatter(1, index, h_new)
+        with phase("scatter"):
+            if real is not None:
+                # Filler entries (rows with fewer kept tokens) write back their own unchanged state.
+                h_new = torch.where(real.unsqueeze(-1), h_new, h_sel)
+            # in place where nothing else holds the layer's input: no copy of the whole residual stream
+            result = scatter_rows(hidden_states, idx, h_new, self._context.inplace_ok())
         return (result, *out[1:]) if isinstance(out, tuple) else result
 
     def _plain_threshold_step(self, facts: Facts) -> bool:
@@ -332,54 +341,6 @@ class SelectiveLayer:
         finally:
             self._given = None
 
-    def _oracle(self, hidden_states: torch.Tensor, args: tuple, kwargs: dict[str, Any], src: torch.Tensor,
-                past: int, facts: Facts) -> Any:
-        """The oracle policy: the dense layer (every token's update, every key and value into the cache), then only
-        the K largest updates kept. A selected token's update equals its dense update (its query sees every key
-        either way), so this is exactly the selective layer with the best choice of tokens: an upper bound."""
-        out = self.inner(hidden_states, *args, **kwargs)
-        h_new = out[0] if isinstance(out, tuple) else out
-        norms = torch.linalg.vector_norm((h_new - hidden_states).float(), dim=-1)
-        sel = self._select_given(norms, hidden_states, src, past, facts)
-        if sel is None:
-            self._last = None
-            return out
-        idx, real = sel
-        B, T, _ = hidden_states.shape
-        self._last = (idx, real, T)
-        keep = torch.zeros(B, T, dtype=torch.bool, device=hidden_states.device)
-        keep.scatter_(1, idx, True if real is None else real)
-        result = torch.where(keep.unsqueeze(-1), h_new, hidden_states)
-        return (result, *out[1:]) if isinstance(out, tuple) else result
-
-    def _recorded(self, recorder: Any, hidden_states: torch.Tensor, args: tuple, kwargs: dict[str, Any],
-                  past: int) -> Any:
-        """The layer for a recorder (method/recording.py): the dense update of every token, then either every
-        update kept (recorder.select False: the dense model) or only those the layer's own policy selects, with
-        what the layer computed handed to the recorder. Autograd stays on: recorders take gradients through it."""
-        if past > 0:
-            raise UserError("recording a selection layer needs whole windows (no KV cache)")
-        if torch.is_grad_enabled() and not hidden_states.requires_grad:
-            hidden_states = hidden_states.detach().requires_grad_(True)  # the first layer gradients must reach
-        x = self.adapter.attention_input(self.layer, hidden_states)
-        src = self.adapter.score_input(hidden_states, x) if self.config.source == "normed" else hidden_states
-        out = self.inner(hidden_states, *args, **kwargs)
-        h_new = out[0] if isinstance(out, tuple) else out
-        result, keep = h_new, None
-        if recorder.select:
-            B, T, _ = hidden_states.shape
-            with torch.no_grad():
-                self._hidden = hidden_states.detach()
-                facts = self._context.facts(B, T, 0, hidden_states.device, self.config.ratio)
-                sel = self._select_given(None, hidden_states.detach(), src.detach(), 0, facts)
-            if sel is not None:
-                idx, real = sel
-                keep = torch.zeros(B, T, dtype=torch.bool, device=h_new.device)
-                keep.scatter_(1, idx, True if real is None else real)
-                result = torch.where(keep.unsqueeze(-1), h_new, hidden_states)
-        recorder.add(self, hidden_states=hidden_states, src=src, dense_out=h_new, out=result, keep=keep)
-        return (result, *out[1:]) if isinstance(out, tuple) else result
-
     def _compacted(self, hidden_states: torch.Tensor, kwargs: dict[str, Any], call: RowCall,
                    rows: torch.Tensor) -> Any:
         """One new token per row, `rows` [n] of the B rows updated: the family's layer forward on [n, 1, D]; every
@@ -394,7 +355,7 @@ class SelectiveLayer:
                 value = value.index_select(0, rows)
             sel_kwargs[key] = value
         h_sel = hidden_states.index_select(0, rows)  # [n, 1, D]
-        out = run_routed(self, call, h_sel, (), sel_kwargs)
+        out = run_routed(self, call, h_sel, call.x.index_select(0, rows), (), sel_kwargs)
         h_new = out[0] if isinstance(out, tuple) else out
         result = hidden_states.index_copy(0, rows, h_new)
         return (result, *out[1:]) if isinstance(out, tuple) else result

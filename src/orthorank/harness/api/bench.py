@@ -17,6 +17,7 @@ from orthorank.harness.api.common import check_memory, load_model_from_options, 
 from orthorank.harness.api.options import BenchOptions
 from orthorank.harness.reports.speed import format_run
 from orthorank.harness.speed.layer_mode import run_layer
+from orthorank.harness.speed.phase_profile import format_phases
 from orthorank.harness.speed.runner import MODES, RunSettings, run_methods
 from orthorank.harness.speed.specs import method_specs
 from orthorank.errors import UserError
@@ -103,8 +104,24 @@ def with_policy_variants(specs: list, text: str) -> list:
     return out
 
 
+def layer_target(opts: BenchOptions, plans: list, selection) -> tuple:
+    """Layer mode's (selection, layer index): with a --plan that selects tokens, that plan's configuration of its
+    selection layer (--layer-index, default its first), so a router plan's layer runs its fitted router; else the
+    command line's selection at --layer-index (default: the middle layer)."""
+    for path, plan in plans:
+        layers = plan.selection_layers
+        if not layers:
+            continue
+        index = min(layers) if opts.layer_index is None else opts.layer_index
+        if index not in layers:
+            raise UserError(f"--layer-index {index} is not a selection layer of {path} (its selection layers: "
+                            f"{', '.join(map(str, sorted(layers)))})")
+        return layers[index], index
+    return selection, opts.layer_index
+
+
 def _timed_run(opts: BenchOptions, lm, selection, specs: list, mode: str, T: int, requested: int,
-               impl: str) -> dict:
+               impl: str, target: tuple) -> dict:
     """One mode at one length and batch: every method timed side by side (with --fit-batch, an out-of-memory batch
     is halved and run again); the run's record, with the machine's load before and after."""
     seq_len = (opts.prompt_len or T) if mode == "decode" else T
@@ -117,7 +134,7 @@ def _timed_run(opts: BenchOptions, lm, selection, specs: list, mode: str, T: int
         load = _loadavg()
         try:
             if mode == "layer":
-                record = run_layer(lm.model, selection, settings, lm.device, opts.layer_index, opts.profile)
+                record = run_layer(lm.model, target[0], settings, lm.device, target[1], opts.profile)
             else:
                 record = run_methods(lm.model, [s for s in specs if mode == "decode" or not s.decode_only],
                                      settings, lm.device)
@@ -145,6 +162,8 @@ def _print_profile(prof: dict) -> None:
     for category, c in prof.get("categories", {}).items():
         share = "-" if c["selective_over_dense"] is None else f"x{c['selective_over_dense']:.3f}"
         print(f"  {category:24s} dense {c['dense_ms']:9.1f} ms  selective {c['selective_ms']:9.1f} ms  {share}")
+    if "phases" in prof:
+        print(format_phases(prof["phases"]))
     if "error" in prof:
         print(f"--- profile failed: {prof['error']}")
 
@@ -172,6 +191,7 @@ def run(opts: BenchOptions) -> int:
         return with_policy_variants(specs, opts.policies) if opts.policies else specs
 
     specs_by_len = {T: specs_at(T) for T in opts.seq_len}
+    target = layer_target(opts, plans, selection)
     specs = specs_by_len[opts.seq_len[0]]
     cfg = lm.config
     dtype = next(lm.model.parameters()).dtype
@@ -216,7 +236,7 @@ def run(opts: BenchOptions) -> int:
         batches = opts.decode_batch if mode == "decode" and opts.decode_batch else opts.batch
         impls = opts.decode_impl if mode == "decode" else ["eager"]
         for requested, impl in [(b, i) for i in impls for b in batches]:
-            record = _timed_run(opts, lm, selection, specs_by_len[T], mode, T, requested, impl)
+            record = _timed_run(opts, lm, selection, specs_by_len[T], mode, T, requested, impl, target)
             runs.append(record)
             print(format_run(record))
             if mode == "layer" and record.get("profile"):

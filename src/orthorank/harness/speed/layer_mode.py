@@ -21,6 +21,7 @@ from orthorank.method.selection import SelectionConfig, keep_count, keep_to_indi
 from orthorank.models.adapters import FamilyAdapter, get_adapter
 from orthorank.harness.runtime.costmodel import flop_layer_cost, kv_fraction, selective_layer_cost
 from orthorank.harness.runtime.timing import interleaved_rounds, summarize, synchronize, time_call
+from orthorank.harness.speed.phase_profile import attention_share, profile_phases
 from orthorank.harness.speed.runner import RunSettings
 
 
@@ -46,6 +47,12 @@ def run_layer(model: nn.Module, selection: SelectionConfig, settings: RunSetting
         if profile:
             try:
                 prof = _profile(fns, device)
+                chosen = fns["scoring_and_topk"]()
+                arch = Arch.from_config(model.config, 1)
+                share = 1.0 if chosen is None else attention_share(chosen[0], settings.seq_len)
+                prof["phases"] = profile_phases(fns["dense_layer"], fns["selective_layer"], layers[idx], device,
+                                                keep_count(settings.seq_len, selection.ratio) / settings.seq_len,
+                                                share, (arch.heads, arch.kv_heads))
             except Exception as exc:  # the profiler is a diagnostic: never lose the timings to it
                 prof = {"error": f"{type(exc).__name__}: {exc}"}
     stats = {k: summarize(v) for k, v in times.items()}

@@ -63,9 +63,11 @@ loaded model.
     fit_batch: bool = flag("--fit-batch", default=False, kind="switch",
                            help="on CUDA out-of-memory, halve the batch and retry (the batch used is recorded)")
     layer_index: int | None = flag("--layer-index", default=None, type=int,
-                                   help="layer mode: which layer (default: the middle one)")
+                                   help="layer mode: which layer (default: a --plan's first selection layer, "
+                                        "run with that plan's selection; else the middle one)")
     profile: bool = flag("--profile", default=False, kind="switch",
-                         help="layer mode: print a profiler table per layer type")
+                         help="layer mode: print a profiler table per layer type and the selective "
+                         "layer's time per phase against its FLOP ideal")
     cost_table: str | None = flag("--cost-table", default=None, metavar="FILE",
                                   help="instead of the modes above, measure this device's cost table for hybrid plans "
                                        "and write it to FILE: one dense decoder layer, a selective layer at each of "
