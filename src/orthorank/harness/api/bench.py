@@ -202,7 +202,7 @@ def run(opts: BenchOptions) -> int:
           f"weights, " + ", ".join(f"{flop_layer_cost(cfg, T, selection.ratio):.3f} by FLOPs at {T} tokens"
                                    for T in opts.seq_len))
     for s in specs:
-        print(f"  {s.name}: {s.kind}, {len(s.layers)} layers {s.layers} ({s.source})")
+        print(f"  {s.name}: {s.kind.name}, {len(s.layers)} layers {s.layers} ({s.source})")
 
     runs: list[dict] = []
 

@@ -10,36 +10,15 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
 
-import numpy as np
 
-from orthorank.harness.evaluation.stats import resample_indices
 from orthorank.method.registry import baseline, is_baseline, is_reference
+from orthorank.harness.reports.speed import speed_ratio
 from orthorank.harness.results import atomic_write_text
 from orthorank.harness.study.router_headline import _ci, _kept_paper_rule, headline
 
 ROWS = ("orthorank", "router", "router-hybrid", "hybrid", "orthorank (policy random)", "orthorank (policy oracle)",
         "orthorank (policy loss-oracle)", "shortgpt", "shortened-ppl")
-
-
-def speed_ratio(bench: dict[str, Any], a: str, b: str, iters: int = 2000) -> dict[int, tuple[float, float, float]]:
-    """seq_len -> median of paired per-repeat throughput ratios a / b (above 1: a is faster) with a bootstrap
-    interval over repeats (the repeats are interleaved, so each pair shares the machine's state)."""
-    out = {}
-    for run in bench.get("runs", []):
-        if run.get("mode") != "prefill":
-            continue
-        by = {m["method"]: m for m in run["methods"]}
-        if a not in by or b not in by:
-            continue
-        ta, tb = np.asarray(by[a]["timing"]["times_s"]), np.asarray(by[b]["timing"]["times_s"])
-        k = min(ta.size, tb.size)
-        ratio = tb[:k] / ta[:k]
-        draws = np.median(ratio[resample_indices(k, iters, 0)], axis=1)
-        lo, hi = np.percentile(draws, [2.5, 97.5])
-        out[int(run["seq_len"])] = (float(np.median(ratio)), float(lo), float(hi))
-    return out
 
 
 def model_section(folder: Path) -> str:
