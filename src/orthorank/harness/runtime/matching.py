@@ -48,37 +48,43 @@ def measured_speedups(model, plans: list[Plan], window: torch.Tensor, repeats: i
 
 
 def match_speed(model, make: Callable[[float], Plan], reference: Plan, window: torch.Tensor, base_ratio: float,
-                repeats: int = 5, max_probes: int = 8, log: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """The keep ratio r >= base_ratio at which make(r) has the reference's measured prefill speed-up, by bisection
-    on the number of kept tokens of the window (speed-up falls as r rises). Each probe times dense, the reference and
-    make(r) side by side; the search stops when the two speed-ups differ by no more than the timing noise (the larger
-    of the two plans' IQRs) or after `max_probes`. Returns the ratio and the last probe's figures."""
+                repeats: int = 5, max_probes: int = 8, log: Callable[[str], None] | None = None,
+                min_ratio: float | None = None) -> dict[str, Any]:
+    """The keep ratio r at which make(r) has the reference's measured prefill speed-up, by bisection on the number
+    of kept tokens of the window (speed-up falls as r rises), from base_ratio: upwards to every token where make is
+    faster than the reference there, and, with min_ratio, downwards to min_ratio where it is slower (without, a plan
+    slower than the reference at base_ratio stays there). Each probe times dense, the reference and make(r) side by
+    side; the search stops when the two speed-ups differ by no more than the timing noise (the larger of the two
+    plans' IQRs) or after `max_probes`. Returns the ratio and the last probe's figures."""
     T = window.numel()
-    lo, hi = keep_count(T, base_ratio), T
-    probes = []
+    k_base = keep_count(T, base_ratio)
+    lo = keep_count(T, min_ratio) if min_ratio is not None else k_base  # the match lies in [lo, hi] kept tokens
+    hi = T
+    k = k_base
+    probes: list[dict[str, Any]] = []
+    tried: set[int] = set()
     best = None
     for _ in range(max_probes):
-        k = lo if not probes else (lo + hi) // 2
-        ratio = base_ratio if k == keep_count(T, base_ratio) else k / T
+        ratio = base_ratio if k == k_base else k / T
         ref, cand = measured_speedups(model, [reference, make(ratio)], window, repeats)
         noise = max(ref["iqr"], cand["iqr"])
         diff = cand["speedup"] - ref["speedup"]
         probes.append({"ratio": round(ratio, 6), "speedup": cand["speedup"], "reference_speedup": ref["speedup"],
                        "noise": noise})
         if log is not None:
-            log(f"  speed match: keep ratio {ratio:.4f} -> {cand['speedup']:.4f}x vs pruning {ref['speedup']:.4f}x "
-                f"(noise {noise:.4f})")
+            log(f"  speed match: keep ratio {ratio:.4f} -> {cand['speedup']:.4f}x vs the reference's "
+                f"{ref['speedup']:.4f}x (noise {noise:.4f})")
         if best is None or abs(diff) < abs(best["difference"]):
             best = {"ratio": ratio, "speedup": cand, "reference": ref, "difference": diff, "noise": noise}
         if abs(diff) <= noise:
             break
-        if diff < 0:  # slower than pruning at the smallest ratio asked for: nothing faster to try
-            if k == keep_count(T, base_ratio):
-                break
+        if diff < 0:  # slower than the reference: fewer kept tokens
             hi = k
         else:
             lo = k
-        if hi - lo <= 1:
+        tried.add(k)
+        k = (lo + hi) // 2
+        if k in tried:  # the interval holds no count not yet timed (the floor itself included)
             break
     best["within_noise"] = abs(best["difference"]) <= best["noise"]
     best["probes"] = probes

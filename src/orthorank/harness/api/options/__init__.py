@@ -33,18 +33,18 @@ from orthorank.harness.api.options.quality import (
     ZeroshotOptions,
 )
 from orthorank.harness.api.options.run import BenchOptions, GenerateOptions
-from orthorank.harness.api.options.search import CalibrateOptions, FitRouterOptions
+from orthorank.harness.api.options.search import CalibrateOptions, FitRouterOptions, MatchSpeedOptions
 
 # The library's commands, in the order `orthorank --help` lists them.
 BY_COMMAND: dict[str, type[Options]] = {c.command: c for c in (
-    PplOptions, BenchOptions, AnalyzeOptions, SelectionMapOptions, CalibrateOptions, FitRouterOptions, CompareOptions,
-    ZeroshotOptions, GenerateOptions, LongctxOptions, LongbenchOptions, FrontierOptions)}
+    PplOptions, BenchOptions, AnalyzeOptions, SelectionMapOptions, CalibrateOptions, FitRouterOptions, MatchSpeedOptions,
+    CompareOptions, ZeroshotOptions, GenerateOptions, LongctxOptions, LongbenchOptions, FrontierOptions)}
 
 __all__ = [
     "AnalyzeOptions", "BY_COMMAND", "BenchOptions", "CalibrateOptions", "CompareOptions", "DataOptions",
     "FitRouterOptions", "FrontierOptions", "GenerateOptions", "JsonOutputOptions", "LongInputOptions",
-    "LongbenchOptions", "LongctxOptions", "ModelOptions", "Options", "OverwriteOptions", "PlanOptions",
-    "PplOptions", "SavedPlansOptions", "SelectionMapOptions", "SelectionOptions", "StoreOptions", "ZeroshotOptions",
+    "LongbenchOptions", "LongctxOptions", "MatchSpeedOptions", "ModelOptions", "Options", "OverwriteOptions",
+    "PlanOptions", "PplOptions", "SavedPlansOptions", "SelectionMapOptions", "SelectionOptions", "StoreOptions", "ZeroshotOptions",
     "batch_size_or_auto", "comma_list", "finite_float", "flag", "match_rules", "non_negative_int", "policy_name",
     "positive_int", "token_count",
 ]

@@ -148,3 +148,27 @@ class FitRouterOptions(ModelOptions, DataOptions, StoreOptions, OverwriteOptions
                                    "the same compute)")
     overwrite: bool = flag("--overwrite", default=False, kind="switch", group="output",
                            help="replace --json FILE if it exists")
+
+
+@dataclass(kw_only=True)
+class MatchSpeedOptions(ModelOptions, OverwriteOptions):
+    command: ClassVar[str] = "match-speed"
+    about: ClassVar[str] = "set a selection plan's keep ratio to another plan's measured prefill speed; write a plan"
+    description: ClassVar[str] = (
+        "Equal cost as this machine measures it, not as FLOPs count it: the keep ratio of every selection layer of "
+        "PLAN (its policy and any fitted router unchanged) is bisected so that PLAN's prefill speed-up over dense "
+        "equals REFERENCE's (e.g. SLEB's at the same level), each probe timing dense, the reference and PLAN side by "
+        "side on one window of random tokens. Selection layers that run above their FLOP ideal (scoring, gathers, the "
+        "selected queries' attention) then pay for it in kept tokens. Time it on a quiet machine: the ratio found is "
+        "this machine's.")
+    plan: str = flag("--plan", help="the selection plan (orthorank, router or hybrid) whose keep ratio is set")
+    to: str = flag("--to", metavar="REFERENCE", help="the plan whose measured speed-up PLAN is matched to")
+    seq_len: int = flag("--seq-len", default=1024, type=positive_int,
+                        help="tokens of the timed window (default %(default)s)")
+    repeats: int = flag("--repeats", default=5, type=positive_int,
+                        help="interleaved timing rounds per probe (default %(default)s)")
+    max_probes: int = flag("--max-probes", default=8, type=positive_int,
+                           help="keep ratios tried at most (default %(default)s)")
+    min_ratio: float = flag("--min-ratio", default=0.05, type=finite_float,
+                            help="the lowest keep ratio tried (default %(default)s)")
+    out: str = flag("--out", metavar="FILE", group="output", help="the plan file to write (required)")
