@@ -59,11 +59,11 @@ def test_match_speed_command_writes_the_plan_with_its_probes(tiny_hf_folder, tmp
     _fake_speed(monkeypatch, lambda r: 0.5 + r, reference_speedup=1 / 0.7, iqr=0.02)  # matched at r = 0.2
     out = tmp_path / "matched.json"
     base = ["match-speed", "--model", str(tiny_hf_folder), "--device", "cpu", "--plan",
-            str(plan), "--to", str(ref), "--seq-len", "64", "--max-probes", "12"]
+            str(plan), "--to", str(ref), "--seq-len", "64", "--max-probes", "12", "--tolerance", "0.02"]
     assert main([*base, "--out", str(out)]) == 0
     data = json.loads(out.read_text())
     sm = data["provenance"]["speed_matched"]
-    assert sm["within_noise"] and data["selection"]["ratio"] == pytest.approx(0.2, abs=0.02)
+    assert sm["within_tolerance"] and data["selection"]["ratio"] == pytest.approx(0.2, abs=0.02)
     assert sm["base_ratio"] == 0.4 and sm["probes"][0]["ratio"] == 0.4 and sm["reference"] == str(ref)
     assert data["layers"] == [1, 2]
     assert "keep ratio" in capsys.readouterr().err

@@ -27,6 +27,8 @@ def _check(opts: MatchSpeedOptions, plan: Plan, reference: Plan) -> None:
                         "layer, so it needs an orthorank plan (a router plan is one)")
     if reference.kind.dense:
         raise UserError(f"--to {opts.to} is a dense plan: nothing to match")
+    if not opts.tolerance > 0:
+        raise UserError(f"--tolerance must be above 0, got {opts.tolerance:g}")
     if not 0 < opts.min_ratio <= plan.selection.ratio:
         raise UserError(f"--min-ratio must be in (0, {plan.selection.ratio:g}] (the plan's keep ratio), got "
                         f"{opts.min_ratio:g}")
@@ -50,7 +52,7 @@ def run(opts: MatchSpeedOptions) -> int:
     say(f"{opts.plan} (keep ratio {plan.selection.ratio:g}) against {opts.to}: {T} tokens, {opts.repeats} rounds per "
         f"probe, {torch.get_num_threads()} thread(s)")
     found = match_speed(lm.model, lambda r: with_ratio(plan, r), reference, window, plan.selection.ratio,
-                        opts.repeats, opts.max_probes, log=say, min_ratio=opts.min_ratio)
+                        opts.repeats, opts.max_probes, log=say, min_ratio=opts.min_ratio, tolerance=opts.tolerance)
     matched = with_ratio(plan, found["ratio"])
     about = {"seq_len": T, "dtype": str(next(lm.model.parameters()).dtype).removeprefix("torch."),
              "threads": torch.get_num_threads(), "device": str(lm.device), "repeats": opts.repeats}
@@ -60,12 +62,14 @@ def run(opts: MatchSpeedOptions) -> int:
                           "layer", "plan": str(opts.plan), "reference": str(opts.to),
                           "base_ratio": plan.selection.ratio, "ratio": found["ratio"],
                           "speedup": found["speedup"]["speedup"], "reference_speedup": found["reference"]["speedup"],
-                          "difference": round(found["difference"], 4), "noise_iqr": found["noise"],
+                          "difference": round(found["difference"], 4), "tolerance": opts.tolerance,
+                          "within_tolerance": found["within_tolerance"], "noise_iqr": found["noise"],
                           "within_noise": found["within_noise"], "probes": found["probes"], **about}})
     path = matched.save(opts.out, overwrite=opts.overwrite)
-    verdict = "within the timing noise" if found["within_noise"] else "NOT within the timing noise"
+    verdict = "matched" if found["within_tolerance"] else "NOT matched"
     say(f"keep ratio {found['ratio']:.4f}: {found['speedup']['speedup']:.3f}x against the reference's "
-        f"{found['reference']['speedup']:.3f}x ({verdict}, {found['noise']:.3f}); compute sparsity "
+        f"{found['reference']['speedup']:.3f}x ({verdict} within {opts.tolerance:g}; per-round noise "
+        f"{found['noise']:.3f}); compute sparsity "
         f"{matched.compute_sparsity() or 0:.4f} against the reference's {reference.compute_sparsity() or 0:.4f}; "
         f"wrote {path}")
     return 0

@@ -49,13 +49,14 @@ def measured_speedups(model, plans: list[Plan], window: torch.Tensor, repeats: i
 
 def match_speed(model, make: Callable[[float], Plan], reference: Plan, window: torch.Tensor, base_ratio: float,
                 repeats: int = 5, max_probes: int = 8, log: Callable[[str], None] | None = None,
-                min_ratio: float | None = None) -> dict[str, Any]:
+                min_ratio: float | None = None, tolerance: float | None = None) -> dict[str, Any]:
     """The keep ratio r at which make(r) has the reference's measured prefill speed-up, by bisection on the number
     of kept tokens of the window (speed-up falls as r rises), from base_ratio: upwards to every token where make is
     faster than the reference there, and, with min_ratio, downwards to min_ratio where it is slower (without, a plan
     slower than the reference at base_ratio stays there). Each probe times dense, the reference and make(r) side by
-    side; the search stops when the two speed-ups differ by no more than the timing noise (the larger of the two
-    plans' IQRs) or after `max_probes`. Returns the ratio and the last probe's figures."""
+    side; the search stops when the two speed-ups differ by no more than `tolerance`, or, without one, the timing
+    noise (the larger of the two plans' IQRs of per-round ratios, which on a busy machine can stop it far from the
+    match), or after `max_probes`, or when no kept-token count is left untried. Returns the closest probe's figures."""
     T = window.numel()
     k_base = keep_count(T, base_ratio)
     lo = keep_count(T, min_ratio) if min_ratio is not None else k_base  # the match lies in [lo, hi] kept tokens
@@ -76,7 +77,7 @@ def match_speed(model, make: Callable[[float], Plan], reference: Plan, window: t
                 f"{ref['speedup']:.4f}x (noise {noise:.4f})")
         if best is None or abs(diff) < abs(best["difference"]):
             best = {"ratio": ratio, "speedup": cand, "reference": ref, "difference": diff, "noise": noise}
-        if abs(diff) <= noise:
+        if abs(diff) <= (noise if tolerance is None else tolerance):
             break
         if diff < 0:  # slower than the reference: fewer kept tokens
             hi = k
@@ -87,6 +88,8 @@ def match_speed(model, make: Callable[[float], Plan], reference: Plan, window: t
         if k in tried:  # the interval holds no count not yet timed (the floor itself included)
             break
     best["within_noise"] = abs(best["difference"]) <= best["noise"]
+    if tolerance is not None:
+        best["within_tolerance"] = abs(best["difference"]) <= tolerance
     best["probes"] = probes
     return best
 

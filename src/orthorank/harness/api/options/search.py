@@ -171,4 +171,7 @@ class MatchSpeedOptions(ModelOptions, OverwriteOptions):
                            help="keep ratios tried at most (default %(default)s)")
     min_ratio: float = flag("--min-ratio", default=0.05, type=finite_float,
                             help="the lowest keep ratio tried (default %(default)s)")
+    tolerance: float = flag("--tolerance", default=0.01, type=finite_float,
+                            help="stop when the two measured speed-ups differ by no more than this (default "
+                                 "%(default)s; the per-round noise is recorded beside it)")
     out: str = flag("--out", metavar="FILE", group="output", help="the plan file to write (required)")
