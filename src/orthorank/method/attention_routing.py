@@ -1,7 +1,10 @@
 """Routing a selection layer's attention: for the duration of one selective call, the layer's attention module runs
-the selected rows' queries against every token's keys and values (`selective_attention`, method/attention.py).
+the selected rows' queries against every token's keys and values (`selective_attention`, method/attention.py), and
+the layer's input norm hands back the selected rows of the norm the layer already computed for every token (their
+keys and values need it), instead of norming those rows a second time. Rows move with one `index_select` /
+`index_copy_` over whole rows (`gather_rows`, `scatter_rows`).
 
-The module is never replaced: its instance forward is swapped for a router (inside accelerate's hook where there is
+Neither module is replaced: its instance forward is swapped for a router (inside accelerate's hook where there is
 one) that calls its own forward outside a selective call, so state_dict keys and hooks stay the model's. Functions
 here take the `SelectiveLayer` (method/layer.py) whose call they serve: its layer, adapter, configuration, window,
 soft-capping and attention-chunking settings.
