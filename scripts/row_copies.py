@@ -23,7 +23,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from orthorank.harness.evaluation.stats import resample_indices  # noqa: E402
+from orthorank.harness.reports.speed import paired_ratio  # noqa: E402
 from orthorank.harness.results import atomic_write_text, environment  # noqa: E402
 from orthorank.harness.runtime.timing import interleaved_rounds  # noqa: E402
 from orthorank.method.attention_routing import gather_rows, scatter_rows  # noqa: E402
@@ -32,10 +32,8 @@ D, RATIO = 576, 0.36328125  # SmolLM2-135M; plans/smollm2-135m/router-searched-0
 
 
 def _ratio(old: list[float], new: list[float]) -> dict[str, float]:
-    r = np.asarray(old) / np.asarray(new)
-    draws = np.median(r[resample_indices(r.size, 2000, 0)], axis=1)
-    lo, hi = np.percentile(draws, [2.5, 97.5])
-    return {"median": float(np.median(r)), "low": float(lo), "high": float(hi)}
+    mid, lo, hi = paired_ratio(old, new)
+    return {"median": mid, "low": lo, "high": hi}
 
 
 def measure(T: int, rounds: int, calls: int) -> dict:

@@ -18,23 +18,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from orthorank.harness.reports.speed import speed_ratio
+from orthorank.harness.reports.speed import paired_ratio, speed_ratio
 from orthorank.harness.results import atomic_write_text
 
 ROWS = ("orthorank", "router", "router-searched")
-
-
-def _paired(a: list[float], b: list[float], iters: int = 2000) -> tuple[float, float, float]:
-    """Median of the paired ratios a_i / b_i with a bootstrap interval over pairs."""
-    import numpy as np
-
-    from orthorank.harness.evaluation.stats import resample_indices
-
-    k = min(len(a), len(b))
-    ratio = np.asarray(a[:k]) / np.asarray(b[:k])
-    draws = np.median(ratio[resample_indices(k, iters, 0)], axis=1)
-    lo, hi = np.percentile(draws, [2.5, 97.5])
-    return float(np.median(ratio)), float(lo), float(hi)
 
 
 def verdict(lo: float, hi: float) -> str:
@@ -56,7 +43,7 @@ def layer_section(data: dict[str, Any]) -> list[str]:
              "", "| tokens | selective / dense | FLOP ideal | % of ideal | attention path |", "|---|---|---|---|---|"]
     for r in runs:
         t = r["timing"]
-        mid, lo, hi = _paired(t["selective_layer"]["times_s"], t["dense_layer"]["times_s"])
+        mid, lo, hi = paired_ratio(t["selective_layer"]["times_s"], t["dense_layer"]["times_s"])
         ideal = r["ideal_selective_cost_fraction"]
         lines.append(f"| {_length(r['seq_len'])} | {mid:.3f} [{lo:.3f}, {hi:.3f}] | {ideal:.3f} | "
                      f"{100 * ideal / mid:.0f}% | {r['attention_path']} ({r['attention_chunks']} chunks) |")

@@ -21,13 +21,22 @@ def _attention_lines(run: dict[str, Any], ms: dict[str, float]) -> list[str]:
             f"{a['masked_fraction_of_causal']:.3f} of causal, prefix/diagonal split {a['split_fraction_of_causal']:.3f}"
             f" (in use: {a.get('in_use', 'masked')})"]
 
-def speed_ratio(bench: dict[str, Any], a: str, b: str, iters: int = 2000) -> dict[int, tuple[float, float, float]]:
-    """seq_len -> median of paired per-repeat throughput ratios a / b (above 1: a is faster) with a bootstrap
-    interval over repeats (the repeats are interleaved, so each pair shares the machine's state)."""
+def paired_ratio(num: list[float], den: list[float], iters: int = 2000) -> tuple[float, float, float]:
+    """Median of the paired ratios num_i / den_i with a bootstrap 95% interval over the pairs."""
     import numpy as np  # lazily: the text tables above need no numpy
 
     from orthorank.harness.evaluation.stats import resample_indices
 
+    k = min(len(num), len(den))
+    ratio = np.asarray(num[:k], dtype=float) / np.asarray(den[:k], dtype=float)
+    draws = np.median(ratio[resample_indices(k, iters, 0)], axis=1)
+    lo, hi = np.percentile(draws, [2.5, 97.5])
+    return float(np.median(ratio)), float(lo), float(hi)
+
+
+def speed_ratio(bench: dict[str, Any], a: str, b: str, iters: int = 2000) -> dict[int, tuple[float, float, float]]:
+    """seq_len -> median of paired per-repeat throughput ratios a / b (above 1: a is faster) with a bootstrap
+    interval over repeats (the repeats are interleaved, so each pair shares the machine's state)."""
     out = {}
     for run in bench.get("runs", []):
         if run.get("mode") != "prefill":
@@ -35,12 +44,8 @@ def speed_ratio(bench: dict[str, Any], a: str, b: str, iters: int = 2000) -> dic
         by = {m["method"]: m for m in run["methods"]}
         if a not in by or b not in by:
             continue
-        ta, tb = np.asarray(by[a]["timing"]["times_s"]), np.asarray(by[b]["timing"]["times_s"])
-        k = min(ta.size, tb.size)
-        ratio = tb[:k] / ta[:k]
-        draws = np.median(ratio[resample_indices(k, iters, 0)], axis=1)
-        lo, hi = np.percentile(draws, [2.5, 97.5])
-        out[int(run["seq_len"])] = (float(np.median(ratio)), float(lo), float(hi))
+        # throughput a / b = time b / time a
+        out[int(run["seq_len"])] = paired_ratio(by[b]["timing"]["times_s"], by[a]["timing"]["times_s"], iters)
     return out
 
 
