@@ -121,3 +121,32 @@ def test_the_kernel_runs_one_call_per_block_on_the_band_it_needs(monkeypatch):
     out, _ = sa.blocked_sliding_attention(module, q, k, v, band, scaling=0.25)
     assert torch.allclose(out, ref, atol=1e-6)
     assert seen[0] == (8, 8) and seen[-1] == (4, 12) and len(seen) == 8  # blocks of 8 queries, at most 16 keys
+
+
+def test_a_local_plan_on_blocked_sliding_layers_equals_it_on_the_models_kernel():
+    """Gemma 3's long-prompt rows (issue 55) run local attention in its full-attention layers beside the blocked
+    kernel in its sliding ones: the two compose, and the result equals the local plan under the model's own kernel."""
+    import dataclasses
+
+    from conftest import model_signature
+    from orthorank.method.apply import apply_plan, restore_dense
+    from orthorank.method.cost import Arch
+    from orthorank.method.local_attention import LocalAttention
+    from orthorank.method.plan import Plan
+
+    m = _model("gemma3", torch.float32)
+    full = [i for i, t in enumerate(m.config.layer_types) if t == "full_attention"]
+    assert full and len(full) < m.config.num_hidden_layers
+    plan = Plan("local", full, "tiny", model_signature(m), attention=LocalAttention(window=8, block=8, tail=6),
+                arch=dataclasses.asdict(Arch.from_config(m.config, m.config.num_hidden_layers)))
+    ids = _ids(60, 5)
+    dense = m(ids).logits
+    apply_plan(m, plan)
+    ref = m(ids).logits
+    undo = sa.use_blocked_sliding(m)
+    assert sa.kernel_name(m) == "blocked"
+    out = m(ids).logits
+    undo()
+    restore_dense(m)
+    assert torch.allclose(out, ref, atol=1e-5)
+    assert not torch.allclose(ref, dense, atol=1e-3)  # the local layers changed the result

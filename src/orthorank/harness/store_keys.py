@@ -18,7 +18,7 @@ from torch import nn
 # loaded is named by the model fingerprint (config, dtypes, attention implementation, sampled weights).
 _MODEL_MODULES = ("method/orthogonality.py", "method/selection.py", "method/attention.py", "method/attention_split.py", "method/layer.py",
                   "method/apply.py", "method/policies.py", "method/router.py", "method/recording.py",
-                  "method/local_attention.py", "models/adapters.py", "method/sequence_context.py",
+                  "method/local_attention.py", "method/local_kernel.py", "models/adapters.py", "method/sequence_context.py",
                   "method/attention_routing.py", "method/policy_inputs.py", "method/dense_first.py")
 NUMERIC_MODULES = {
     "perplexity": _MODEL_MODULES + ("harness/evaluation/perplexity.py",),

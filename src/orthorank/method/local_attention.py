@@ -24,9 +24,9 @@ The pattern, for a prompt of N real tokens at positions 0..N-1 (a token of a lef
 
 Decoding steps and prompts continued from a cache attend densely (the pattern is a prefill's), so cached generation
 equals an uncached forward over prompt and generated tokens with the tail reaching to the prompt's end
-(`local_allowed(..., prompt_len=N)`). Without padding each block of queries runs the dense model's own causal kernel
-over its sinks and window, with placeholder queries in front (torch's SDPA aligns a causal mask top-left): no mask
-is built. Left-padded rows take one masked call built from the real positions.
+(`local_allowed(..., prompt_len=N)`). Without padding the kernels of method/local_kernel.py run the pattern without
+a mask over the keys (each block's window prefix unmasked, its diagonal causal); left-padded rows take one masked
+call built from the real positions.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 
 from orthorank.errors import UserError
+from orthorank.method import local_kernel
 from orthorank.method.sequence_context import padding_from_4d
 
 
@@ -118,34 +119,14 @@ def local_allowed(valid: torch.Tensor, cfg: LocalAttention, prompt_len: torch.Te
 
 
 def local_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float, cfg: LocalAttention,
-                    valid: torch.Tensor | None = None) -> torch.Tensor:
+                    valid: torch.Tensor | None = None, kernel: str = "auto") -> torch.Tensor:
     """q [B, H, N, d], k/v [B, Hkv, N, d] (a whole prompt, no past keys; `valid` [B, N] marks the real tokens of
-    left-padded rows, None for none) -> [B, H, N, d]."""
-    B, H, N, d = q.shape
-    gqa = H != k.shape[1]
+    left-padded rows, None for none) -> [B, H, N, d]. kernel: method/local_kernel.py's KERNELS, or "auto"."""
     if valid is not None and not bool(valid.all()):
         mask = local_allowed(valid, cfg)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
-    S, W, C = cfg.global_keys, cfg.window, cfg.block
-    context = max(0, N - cfg.tail)
-    out = torch.empty_like(q)
-    for a in range(0, context, C):
-        b = min(a + C, context)
-        lo = max(S, a - W)
-        if lo <= S:  # the window reaches back to the sinks: the keys are 0..b-1, contiguous
-            kk, vv = k[:, :, :b], v[:, :, :b]
-        else:
-            kk, vv = torch.cat([k[:, :, :S], k[:, :, lo:b]], 2), torch.cat([v[:, :, :S], v[:, :, lo:b]], 2)
-        pad = kk.shape[2] - (b - a)  # placeholder queries in front: query p is row pad + p - a, key p is its last
-        qq = torch.cat([q.new_zeros(B, H, pad, d), q[:, :, a:b]], 2) if pad else q[:, :, a:b]
-        o = F.scaled_dot_product_attention(qq, kk, vv, is_causal=True, scale=scale, enable_gqa=gqa)
-        out[:, :, a:b] = o[:, :, pad:]
-    if context < N:  # the tail: every key up to each query
-        k_pos = torch.arange(N, device=q.device)
-        mask = k_pos[None, :] <= k_pos[context:, None]
-        out[:, :, context:] = F.scaled_dot_product_attention(q[:, :, context:], k, v, attn_mask=mask[None, None],
-                                                             scale=scale, enable_gqa=gqa)
-    return out
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+    return local_kernel.run(q, k, v, scale=scale, global_keys=cfg.global_keys, window=cfg.window, block=cfg.block,
+                            tail=cfg.tail, kernel=kernel)
 
 
 # -- the Hugging Face side: one registered attention function, switched on per attention module ----------------------

@@ -17,6 +17,9 @@ set -euo pipefail
 cd "$(dirname "$0")/../../.."
 O=${O:-.venv/bin/orthorank}
 T=${THREADS:-2}
+# sliding-window layers (Gemma 3) run the exact blocked kernel in every row, dense included (issue 57); no effect on
+# models without them. frontier.json records which kernel ran (sliding_kernel).
+SLIDING=${SLIDING_KERNEL:-blocked}
 RUNS=${*:-smollm2-135m:4096}
 SAMPLES=${SAMPLES:-3}
 SPANS=${SPANS:-192:64}
@@ -30,7 +33,7 @@ for run in $RUNS; do
       && [ "$(cat $d/settings.txt)" = "$settings" ]; then continue; fi
   mkdir -p $d
   # shellcheck disable=SC2086
-  $O frontier --model $m --dtype bfloat16 --threads $T --lengths $len $settings \
+  $O frontier --model $m --dtype bfloat16 --threads $T --sliding-kernel $SLIDING --lengths $len $settings \
     --plans-dir studies/long-prompt/plans/$m --store studies/long-prompt/suite/store --out $d --overwrite > $d/frontier.log 2>&1
   printf '%s' "$settings" > $d/settings.txt
 done
