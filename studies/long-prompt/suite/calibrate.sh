@@ -27,8 +27,10 @@ TASKS=$(.venv/bin/python -c "from orthorank.harness.evaluation.longctx_suite imp
 for run in $RUNS; do
   m=${run%%:*}
   len=${run##*:}
+  # with and without the chat template where the model's tokenizer has one (Gemma 3 270M's has none: plain only)
+  case $m in gemma3-270m) chat=off ;; *) chat=${CHAT:-both} ;; esac
   d=studies/long-prompt/suite/calibration/$m/$len-s$SAMPLES  # a run per sample size: a larger one is a new run
-  settings="--score-on calibration --methods dense,local --levels 0.4 --tasks $TASKS --layouts last,first,long --chat both --samples $SAMPLES --spans $SPANS --repeats 5"
+  settings="--score-on calibration --methods dense,local --levels 0.4 --tasks $TASKS --layouts last,first,long --chat $chat --samples $SAMPLES --spans $SPANS --repeats 5"
   if [ -f $d/frontier.json ] && grep -q '"complete": true' $d/frontier.json && [ -f $d/settings.txt ] \
       && [ "$(cat $d/settings.txt)" = "$settings" ]; then continue; fi
   mkdir -p $d

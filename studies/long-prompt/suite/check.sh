@@ -18,8 +18,10 @@ TASKS=$(.venv/bin/python -c "from orthorank.harness.evaluation.longctx_suite imp
 for run in $RUNS; do
   m=${run%%:*}
   len=${run##*:}
+  # with and without the chat template where the model's tokenizer has one (Gemma 3 270M's has none: plain only)
+  case $m in gemma3-270m) chat=off ;; *) chat=${CHAT:-both} ;; esac
   d=studies/long-prompt/suite/check/$m/$len-s$SAMPLES
-  settings="--methods dense --preset long-prompt --levels 0.4 --tasks $TASKS --layouts last,first,long --chat both --samples $SAMPLES --repeats 5"
+  settings="--methods dense --preset long-prompt --levels 0.4 --tasks $TASKS --layouts last,first,long --chat $chat --samples $SAMPLES --repeats 5"
   if [ -f $d/frontier.json ] && grep -q '"complete": true' $d/frontier.json && [ -f $d/settings.txt ] \
       && [ "$(cat $d/settings.txt)" = "$settings" ]; then continue; fi
   mkdir -p $d
