@@ -9,6 +9,8 @@ bootstrap interval over rounds), the keys-read ideal (the share of query-key pai
 kernel's time against that ideal, and both kernels' largest error against the float32 masked reference.
 
     .venv/bin/python scripts/local_kernel.py --out studies/long-prompt/speed/local-kernel.json
+    .venv/bin/python scripts/local_kernel.py --render studies/long-prompt/speed/local-kernel.json \\
+        --md studies/long-prompt/speed/local-kernel.md     # the table docs/long-prompts.md quotes
 """
 
 from __future__ import annotations
@@ -71,12 +73,33 @@ def measure(model: str, N: int, rounds: int, cfg: LocalAttention) -> dict:
     return row
 
 
+def render(data: dict) -> str:
+    env = data["environment"]
+    lines = [f"Local attention's kernels as a fraction of the causal kernel's time (median of {data['rounds']} "
+             f"interleaved paired rounds, bootstrap 95% interval; random {data['dtype']} q/k/v, batch 1, "
+             f"{data['threads']} thread; torch {env.get('torch')}, commit {str(env['git_commit'])[:8]})", "",
+             "| shape | tokens | first kernel (placeholders) | split kernel | keys-read ideal | split / ideal |",
+             "|---|---|---|---|---|---|"]
+    for r in data["rows"]:
+        f = r["fraction_of_causal"]
+        p, sp = f["placeholder"], f["split"]
+        lines.append(f"| {r['model_shape']} | {r['seq_len']} | {p['median']:.3f} [{p['low']:.3f}, {p['high']:.3f}] | "
+                     f"{sp['median']:.3f} [{sp['low']:.3f}, {sp['high']:.3f}] | {r['keys_read_ideal_fraction']:.3f} | "
+                     f"{r['split_over_ideal']['median']:.2f}x |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--lengths", default="1024,4096,8192")
     p.add_argument("--rounds", type=int, default=9)
     p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--render", type=Path, default=None, metavar="JSON", help="only write --md from a result file")
+    p.add_argument("--md", type=Path, default=None)
     args = p.parse_args()
+    if args.render:
+        atomic_write_text(args.md, render(json.loads(args.render.read_text())))
+        return 0
     torch.set_num_threads(1)
     cfg = LocalAttention()
     load_before = os.getloadavg()

@@ -7,6 +7,8 @@ differently in bfloat16).
 
     .venv/bin/python scripts/local_prefill.py --lengths 4096,8192 --rounds 7 \\
         --out studies/long-prompt/speed/local-prefill-smollm2-135m.json
+    .venv/bin/python scripts/local_prefill.py --render studies/long-prompt/speed/local-prefill-smollm2-135m.json \\
+        --md studies/long-prompt/speed/local-prefill-smollm2-135m.md     # the table docs/long-prompts.md quotes
 """
 
 from __future__ import annotations
@@ -40,6 +42,24 @@ def _ratio(num: list[float], den: list[float]) -> dict:
     return {"value": r.value, "low": r.low, "high": r.high, "n": r.n}
 
 
+def render(data: dict) -> str:
+    env = data["environment"]
+    lines = [f"{data['model']}, `--preset long-prompt`'s plan: time to first token against dense (batch 1, random "
+             f"prompts, {data['dtype']}, {data['threads']} threads, median of {data['rounds']} interleaved paired "
+             f"rounds, bootstrap 95% interval; commit {str(env['git_commit'])[:8]})", "",
+             "| prompt tokens | first kernel vs dense | split kernel vs dense | split vs first | last-token logits: "
+             "largest difference | same top token |", "|---|---|---|---|---|---|"]
+
+    def cell(x: dict) -> str:
+        return f"{x['value']:.3f}x [{x['low']:.3f}, {x['high']:.3f}]"
+    for r in data["rows"]:
+        sp = r["speedup_over_dense"]
+        lines.append(f"| {r['seq_len']} | {cell(sp['placeholder'])} | {cell(sp['split'])} | "
+                     f"{cell(r['split_over_placeholder'])} | {r['max_abs_logit_diff']:.3f} | "
+                     f"{'yes' if r['same_argmax'] else 'no'} |")
+    return "\n".join(lines) + "\n"
+
+
 @torch.no_grad()
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -49,7 +69,12 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", default=None)
+    p.add_argument("--render", default=None, metavar="JSON", help="only write --md from a result file")
+    p.add_argument("--md", default=None)
     args = p.parse_args()
+    if args.render:
+        atomic_write_text(Path(args.md), render(json.loads(Path(args.render).read_text())))
+        return 0
     torch.set_num_threads(args.threads)
     lm = load_model(args.model, dtype="bfloat16", device="cpu")
     forward = LastTokenForward(lm.model)
