@@ -156,7 +156,7 @@ def run_methods(model: nn.Module, specs: list[MethodSpec], settings: RunSettings
     # of decoded tokens they actually updated (counted in one more, untimed run)
     shares = {m.spec.name: decoded_update_share(model, m.spec, settings, device) for m in measured
               if settings.mode == "decode" and m.spec.kind.selects
-              and (m.spec.selection or SelectionConfig()).decode == "threshold"}
+              and (m.spec.selection or SelectionConfig()).decode in ("threshold", "causal")}
     stats = {m.spec.name: summarize(m.times) for m in measured}
     head_share = decode_head_share(model) if settings.mode == "decode" else 0.0
     dense_t = next((stats[m.spec.name]["median_s"] for m in measured if m.spec.kind.dense), None)
