@@ -6,8 +6,9 @@
 # 2. Quality on windows 33-48 of every domain (no fit, search or choice saw them), against dense, SLEB, ShortGPT and
 #    the top-K router plan, paired per window. A causal plan's teacher-forced perplexity is the quality its
 #    generation gets (the decisions are the same, tests/method/test_causal_router.py), as it is for layer removal.
-# 3. Decode speed side by side: 128 greedy steps after a 256-token prompt, batch 1 and 32, 5 interleaved rounds,
-#    the causal row's ideal taken at the share of decoded tokens it updated.
+# 3. Decode speed side by side after 256-token prompts of calibration text (a causal router's skips depend on the
+#    text, so no random tokens): batch 1 with 128 greedy steps and batch 32 with 32, 5 interleaved rounds, the
+#    causal row's ideal taken at the share of decoded tokens it updated.
 #   studies/decode-router/run.sh [MODEL ...]   (default smollm2-135m; LEVELS="0.1 0.2")
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -28,8 +29,12 @@ for m in $MODELS; do
       --methods dense,sleb,shortgpt,router-searched,router-searched-causal --datasets wikitext2,c4,code,news \
       --seq-len 512 --skip-windows 32 --max-windows 16 --batch-size 4 --dtype bfloat16 --threads 2 \
       --out $d/compare-$s --overwrite 2> $d/compare-$s.log
-    [ -f $d/bench-decode-$s.json ] || $O bench --model $m --sparsity $s --methods dense,sleb,shortgpt,router-searched-causal \
-      --mode decode --batch-size 1,32 --seq-len 256 --new-tokens 128 --repeats 5 --dtype bfloat16 --threads 2 \
-      --json $d/bench-decode-$s.json > $d/bench-decode-$s.log 2>&1
+    # batch 1: 128 new tokens; batch 32: 32 (a first look: 128 at batch 32 takes about 20 minutes on 2 cores)
+    for spec in 1:128 32:32; do
+      b=${spec%%:*}; n=${spec##*:}; f=$d/bench-decode-$s-b$b-n$n
+      [ -f $f.json ] || $O bench --model $m --sparsity $s --methods dense,sleb,shortgpt,router-searched-causal \
+        --mode decode --batch-size $b --seq-len 256 --new-tokens $n --repeats 5 --prompt-text mix --dtype bfloat16 \
+        --threads 2 --json $f.json > $f.log 2>&1
+    done
   done
 done
