@@ -29,12 +29,19 @@ def _check(opts: FitThresholdsOptions, plan: Plan) -> None:
     if not plan.kind.selects or sel is None or FITTED not in sel.rule.needs or sel.fitted is None:
         raise UserError(f"{opts.plan} is not a router plan: fit its router first (`orthorank fit-router --plan "
                         f"{opts.plan} --out ROUTER_PLAN`), then fit the thresholds of ROUTER_PLAN")
+    if opts.keep is not None:
+        if not 0 < opts.keep <= 1:
+            raise UserError(f"--keep must be a share in (0, 1], got {opts.keep:g}")
+        if not plan.kind.one_selection:
+            raise UserError(f"{opts.plan} is a {plan.method} plan with a keep ratio per layer: --keep sets one share "
+                            "for every layer, so it needs an orthorank plan (a router plan is one)")
     if opts.calib_samples < 2:
         raise UserError("--calib-samples must be at least 2: a quarter of the windows is held out")
 
 
 def run(opts: FitThresholdsOptions) -> int:
     plan = Plan.load(opts.plan)
+    source_hash = plan.content_hash()
     _check(opts, plan)
     check_calibration_source(opts.calib_data, opts.data_dir)
     lm = load_model_from_options(opts)
@@ -50,12 +57,14 @@ def run(opts: FitThresholdsOptions) -> int:
 
     say(f"{len(plan.selection_layers)} selection layers; calibration {opts.calib_samples} x {opts.seq_len} tokens of "
         f"{opts.calib_data} (seed {opts.seed}), a quarter held out")
+    if opts.keep is not None:
+        plan = dataclasses.replace(plan, selection=dataclasses.replace(plan.selection, ratio=opts.keep))
     t0 = time.perf_counter()
     causal, report = fit_thresholds(lm.model, plan, calib.windows, opts.batch_size, log=say)
     seconds = time.perf_counter() - t0
     causal = dataclasses.replace(causal, provenance={
         **{k: v for k, v in plan.provenance.items() if k != "measured"},
-        "thresholds_of": {"plan": str(opts.plan), "content_hash": plan.content_hash()},
+        "thresholds_of": {"plan": str(opts.plan), "content_hash": source_hash, "keep": opts.keep},
         "thresholds_fit": {**report, "calibration": calib.provenance, "seconds": round(seconds, 1),
                            "device": str(lm.device),
                            "dtype": str(next(lm.model.parameters()).dtype).removeprefix("torch.")}})

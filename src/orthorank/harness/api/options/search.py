@@ -168,6 +168,10 @@ class FitThresholdsOptions(WindowCalibrationOptions, ModelOptions, DataOptions, 
         "quarter of the calibration windows is held out and the shares measured there are recorded.")
     plan: str = flag("--plan", help="the router plan (from `orthorank fit-router`) whose layers get thresholds")
     out: str = flag("--out", metavar="FILE", group="output", help="the causal plan file to write (required)")
+    keep: float | None = flag("--keep", default=None, type=finite_float, metavar="SHARE",
+                              help="the share of tokens every selection layer updates, in (0, 1] (default: each "
+                                   "layer's keep ratio); the plan's keep ratio becomes it, so its compute is counted "
+                                   "at it (e.g. to match another plan's measured decode speed)")
     overwrite: bool = flag("--overwrite", default=False, kind="switch", group="output",
                            help="replace --out FILE if it exists")
 
