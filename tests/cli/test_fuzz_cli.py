@@ -54,6 +54,10 @@ COMMANDS: dict[str, tuple[list[str], dict[str, list[str]]]] = {
         "--plan": ["{plan}", "{tmp}/none.json", "{text}"], "--targets": ["update", "nope", "", "update,fisher"],
         "--alphas": ["1,10", "0", "x", ""], "--iterations": SMALL, "--layers": ["inner", "1", "x", "9"],
         "--match-compute-of": ["{plan}", "{tmp}/none.json"], "--calib-samples": SMALL, "--cost-seq-len": SMALL}),
+    "fit-thresholds": (["--model", "{model}", "--plan", "{plan}", "--out", "{tmp}/t.json", "--calib-data", "{text}",
+                        "--calib-samples", "2", "--seq-len", "16"], {
+        "--plan": ["{plan}", "{tmp}/none.json", "{text}"], "--calib-data": ["{text}", "{tmp}/none.txt", "bogus"],
+        "--calib-samples": SMALL, "--seq-len": ["16", "0", "x"], "--batch-size": SMALL, "--keep": RATIO}),
     "match-speed": (["--model", "{model}", "--plan", "{plan}", "--to", "{plan}", "--out", "{tmp}/s.json",
                      "--seq-len", "16", "--repeats", "1", "--max-probes", "2"], {
         "--plan": ["{plan}", "{tmp}/none.json", "{text}"], "--to": ["{plan}", "{tmp}/none.json", "{text}"],

@@ -643,3 +643,26 @@ def test_split_chunks_script_tiny(tmp_path):
     assert set(result["split_of_causal"]) == {"2", "4"} and all(x > 0 for x in result["split_of_causal"].values())
     assert result["folded_rows_per_chunk"] == {"2": 255, "4": 129} and result["chosen_by_split_chunk_count"] == 2
     assert result["environment"]["git_commit"]
+
+
+def test_decode_prompts_from_text_cycle_its_rows_to_the_batch():
+    """--prompt-text: the workload's prompt rows are the text's windows, reused in turn, cut to the prompt length;
+    without it, seeded random tokens as before."""
+    from orthorank.harness.speed.runner import RunSettings, workload_ids
+
+    text = torch.arange(30).view(3, 10)
+    ids = workload_ids(RunSettings("decode", 5, 8, new_tokens=2, prompts=text), 1000, torch.device("cpu"))
+    assert ids.tolist() == [text[r, :8].tolist() for r in (0, 1, 2, 0, 1)]
+    rand = workload_ids(RunSettings("decode", 2, 8, new_tokens=2), 1000, torch.device("cpu"))
+    assert rand.shape == (2, 8) and torch.equal(rand, workload_ids(RunSettings("decode", 2, 8, new_tokens=2), 1000,
+                                                                   torch.device("cpu")))
+
+
+def test_bench_prompt_text_needs_a_tokenizer_and_a_readable_source(tmp_path, capsys):
+    text = tmp_path / "prompt.txt"
+    text.write_text("a short text " * 50)
+    assert main(["bench", "--model", "smollm2-135m-shape", "--num-layers", "4", "--mode", "decode",
+                 "--prompt-text", str(text)]) == 2
+    assert "tokenizer" in capsys.readouterr().err
+    assert main(["bench", "--model", "smollm2-135m-shape", "--num-layers", "4", "--mode", "decode",
+                 "--prompt-text", str(tmp_path / "none.txt")]) == 2

@@ -106,6 +106,11 @@ class SelectiveLayer:
         self._dense_first = policy_inputs.dense_first(self.rule)
         # this layer's fitted parameters (the router's): a plan without them for this layer is refused here
         self._fitted = config.fitted.layer(layer_index) if FITTED in self.rule.needs else None
+        # causal decisions: a token is updated where its key (minus its router score) is at most this, in prefill
+        # and decoding alike; the threshold decode's cut-off, fixed by the fit instead of set by each prefill
+        self._fixed_cutoff = (torch.tensor([-self._fitted.threshold], dtype=torch.float32)
+                              if config.decode == "causal" else None)
+        self.on_keys: Callable[[torch.Tensor, torch.Tensor | None], None] | None = None  # (keys, valid): fit-thresholds
 
     @property
     def backend(self) -> str:
@@ -165,6 +170,10 @@ class SelectiveLayer:
             # Fast path: every token valid, sink at position 0, the same K per row: no sync.
             sink = src[:, 0]
             self._sink_state = sink.clone()
+            if cfg.decode == "causal":  # every token against the fixed cut-off: as many per row as pass it
+                with phase("scoring"):
+                    keys = self._scores(src, sink, facts, B, T, past)
+                return self._causal_keep(keys, None)
             K = facts.kmax
             keys = None
             if K < T:
@@ -194,6 +203,8 @@ class SelectiveLayer:
 
         with phase("scoring"):
             keys = self._scores(src, sink, facts, B, T, past)
+        if cfg.decode == "causal":
+            return self._causal_keep(keys, valid)
         if past > 0 and cfg.decode == "threshold" and self._cutoff is not None:
             keep = valid & (keys <= self._cutoff.unsqueeze(1))
             keep &= sink_pos.unsqueeze(1) != torch.arange(T, device=h.device)
@@ -206,6 +217,17 @@ class SelectiveLayer:
         with phase("top-K"):
             idx, real = keep_to_indices(keep, facts.kmax)
         return idx, (None if facts.uniform else real)
+
+    def _causal_keep(self, keys: torch.Tensor, valid: torch.Tensor | None):
+        """(idx, real) of the tokens whose keys are at most the fixed cut-off (the sink too: a threshold of minus
+        infinity is the dense layer). One sync for the largest row count."""
+        if self.on_keys is not None:
+            self.on_keys(keys, valid)
+        keep = keys <= self._cutoff.unsqueeze(1)
+        if valid is not None:
+            keep &= valid
+        idx, real = keep_to_indices(keep)
+        return idx, (None if keep.shape[0] == 1 else real)
 
     # -- forward -------------------------------------------------------------------------------------------------
 
@@ -233,6 +255,10 @@ class SelectiveLayer:
         past = int(cache.get_seq_length(layer.self_attn.layer_idx)) if cache is not None else 0
         if past == 0:
             self._sink_state, self._cutoff = None, None
+        if self._fixed_cutoff is not None:
+            if self._fixed_cutoff.device != hidden_states.device:
+                self._fixed_cutoff = self._fixed_cutoff.to(hidden_states.device)
+            self._cutoff = self._fixed_cutoff
         recorder = self._context.recorder
         if recorder is not None:
             return dense_first.recorded(self, recorder, hidden_states, args, kwargs, past)
@@ -309,7 +335,7 @@ class SelectiveLayer:
         """May this decode step take `_threshold_step`: the threshold policy on a sink-score order with default K/V
         handling and no always-updated tokens, one unpadded sequence whose sink state and cut-off are known."""
         cfg = self.config
-        return (self.fast_threshold_step and cfg.decode == "threshold" and self.rule.pointwise
+        return (self.fast_threshold_step and cfg.decode in ("threshold", "causal") and self.rule.pointwise
                 and cfg.bypass_kv and not cfg.sink_kv_visible and not cfg.keep_recent and not cfg.keep_first
                 and not facts.padded and self._cutoff is not None and self._sink_state is not None
                 and self._sink_state.shape[0] == 1)

@@ -38,9 +38,10 @@ from orthorank.errors import UserError, comma_items
 from orthorank.method import router
 from orthorank.method.orthogonality import sink_scores
 
-# how a selection layer treats one decoded token: as in prefill (its K/V only when not selected), or against the
-# prefill's cut-off score (method/layer.py)
-DECODE_MODES = ("dense", "threshold")
+# how a selection layer treats one decoded token (method/layer.py): "dense" updates it; "threshold" compares its key
+# with the prefill's K-th; "causal" compares its router score with the layer's fitted threshold, and the prefill
+# decides every token the same way (no top-K), so a teacher-forced forward makes the decisions decoding makes
+DECODE_MODES = ("dense", "threshold", "causal")
 ATTENTION_WINDOW = 32  # queries whose attention the `attention` policy sums (the end of the chunk)
 
 # What a policy may need from its selection layer (Policy.needs).

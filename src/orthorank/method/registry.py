@@ -100,6 +100,15 @@ METHODS: dict[str, Method] = {m.name: m for m in (
            "refitted on the layers found, compute-matched", paired_with=("router",), against_all=True),
     Method("router-hybrid", "hybrid", "this project: a hybrid plan's removals, with a fitted router choosing the "
            "tokens in its selection layers, compute-matched", against_all=True),
+    # Causal routers (issue 58: `orthorank fit-thresholds --plan plans/<model>/router-searched-<s>.json --out
+    # plans/<model>/router-searched-causal-<s>.json`): the router plan with a threshold per layer fitted on
+    # calibration text to its keep ratio, deciding each token from its own score in prefill and decoding alike, so
+    # decoding skips layers per generated token and a teacher-forced forward makes the decisions decoding makes.
+    Method("router-causal", "orthorank", "this project: the router plan deciding each token by a fitted threshold, "
+           "in prefill and decoding alike", paired_with=("router",), against_all=True),
+    Method("router-searched-causal", "orthorank", "this project: the router on the layers searched under it, "
+           "deciding each token by a fitted threshold in prefill and decoding alike", paired_with=("router-searched",),
+           against_all=True),
     Method("spread-orthorank", "orthorank", "token selection in evenly spread layers (speed measurements)",
            layers="spread"),
     Method("spread-prune", "prune", "removal of evenly spread layers (speed measurements)", layers="spread"),

@@ -16,6 +16,7 @@ bit for bit (weights are float32, written as the exact decimal of each float32).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -87,6 +88,9 @@ class LayerRouter:
     bias: float
     mean: tuple[float, ...]  # [F]
     scale: tuple[float, ...]  # [F], > 0
+    # the causal decision (SelectionConfig.decode == "causal"): a token is updated when its score reaches this;
+    # None for a router that only ranks (top-K in prefill)
+    threshold: float | None = None
     _cache: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     @classmethod
@@ -120,7 +124,10 @@ class LayerRouter:
         return main + extra_features(xf, hidden, sink, positions) @ w_e + b
 
     def to_dict(self) -> dict[str, Any]:
-        return {"weight": list(self.weight), "bias": self.bias, "mean": list(self.mean), "scale": list(self.scale)}
+        out = {"weight": list(self.weight), "bias": self.bias, "mean": list(self.mean), "scale": list(self.scale)}
+        if self.threshold is not None:  # absent otherwise: ranking routers keep their files and digests
+            out["threshold"] = self.threshold
+        return out
 
 
 @dataclass(frozen=True)
@@ -146,6 +153,20 @@ class RouterState:
     def layer_indices(self) -> list[int]:
         return [r.layer for r in self.layers]
 
+    @property
+    def causal(self) -> bool:
+        """Every layer has a threshold: the router can decide per token (SelectionConfig.decode == "causal")."""
+        return bool(self.layers) and all(r.threshold is not None for r in self.layers)
+
+    def with_thresholds(self, thresholds: dict[int, float], settings: dict | None = None) -> "RouterState":
+        """The same router with a float32 threshold per layer (every layer of the state needs one)."""
+        missing = sorted(set(self.layer_indices) - set(thresholds))
+        if missing:
+            raise UserError(f"no threshold for the router's layer(s) {missing}")
+        layers = tuple(dataclasses.replace(r, threshold=float(np.float32(thresholds[r.layer])), _cache={})
+                       for r in self.layers)
+        return dataclasses.replace(self, layers=layers, settings={**self.settings, **(settings or {})})
+
     def digest(self) -> str:
         """What the router computes (weights, scaling, target), not how long its fit took: a short hash."""
         body = {"format": self.format, "target": self.target, "hidden": self.hidden,
@@ -167,10 +188,13 @@ class RouterState:
             n = hidden + len(EXTRA_FEATURES)
             layers = []
             for key, item in sorted(dict(data["layers"]).items(), key=lambda kv: int(kv[0])):
+                threshold = item.get("threshold")
                 layers.append(LayerRouter(int(key), _floats(item["weight"], n, f"layer {key} weight"),
                                           _floats([item["bias"]], 1, f"layer {key} bias")[0],
                                           _floats(item["mean"], n, f"layer {key} mean"),
-                                          _floats(item["scale"], n, f"layer {key} scale")))
+                                          _floats(item["scale"], n, f"layer {key} scale"),
+                                          None if threshold is None
+                                          else _floats([threshold], 1, f"layer {key} threshold")[0]))
             if any(s <= 0 for r in layers for s in r.scale):
                 raise UserError("router state: feature scales must be positive")
             return cls(tuple(layers), str(data["target"]), hidden, dict(data.get("settings") or {}),

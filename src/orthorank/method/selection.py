@@ -69,6 +69,8 @@ class SelectionConfig:
         if self.attention_window and ATTENTION not in rule.needs:
             raise UserError(f"an attention window belongs to a policy that ranks by attention (attention), not to "
                             f"{self.policy}")
+        if self.decode == "causal":
+            self._check_causal(rule)
         if self.progressive and self.decode != "dense":
             raise UserError("progressive pruning decodes densely (pruned tokens are revived from the KV cache); "
                             "it has no threshold decode")
@@ -83,6 +85,19 @@ class SelectionConfig:
         ):
             if value not in allowed:
                 raise UserError(f"unknown {name} {value!r}; choose one of {', '.join(allowed)}")
+
+    def _check_causal(self, rule: Policy) -> None:
+        """Causal decisions read a token's own state and a threshold per layer: a router with thresholds, every
+        token's keys and values kept, nothing that looks at other tokens or the prompt's end."""
+        if FITTED not in rule.needs or not rule.pointwise:
+            raise UserError(f"causal decoding needs the router policy with fitted thresholds, not {rule.name}: "
+                            "fit them with `orthorank fit-thresholds --plan ROUTER_PLAN`")
+        if self.fitted is not None and not self.fitted.causal:
+            raise UserError("causal decoding needs a threshold in every selection layer's router, and this plan's "
+                            "router has none: fit them with `orthorank fit-thresholds --plan ROUTER_PLAN`")
+        if self.keep_recent or self.keep_first or self.progressive or not self.bypass_kv:
+            raise UserError("causal decoding decides each token from its own state alone: it takes no keep_recent, "
+                            "keep_first, progressive pruning or no-KV ablation")
 
     def to_dict(self) -> dict:
         out = {f: getattr(self, f) for f in self.__dataclass_fields__ if f not in ("fitted", "rule")}

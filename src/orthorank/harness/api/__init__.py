@@ -19,6 +19,7 @@ JOBS: dict[str, str] = {
     "selection-map": "orthorank.harness.api.selection_map:run",
     "calibrate": "orthorank.harness.api.calibrate:run",
     "fit-router": "orthorank.harness.api.fit_router:run",
+    "fit-thresholds": "orthorank.harness.api.fit_thresholds:run",
     "match-speed": "orthorank.harness.api.match_speed:run",
     "compare": "orthorank.harness.api.compare:run",
     "zeroshot": "orthorank.harness.api.zeroshot:run",

@@ -13,9 +13,11 @@ import os
 
 import torch
 
+from orthorank.harness.api.calibration_options import check_calibration_source
 from orthorank.harness.api.common import check_memory, load_model_from_options, selection_from_options
 from orthorank.harness.api.options import BenchOptions
 from orthorank.harness.reports.speed import format_run
+from orthorank.harness.search.calibration import calibration_set
 from orthorank.harness.speed.layer_mode import run_layer
 from orthorank.harness.speed.phase_profile import format_phases
 from orthorank.harness.speed.runner import MODES, RunSettings, run_methods
@@ -121,14 +123,14 @@ def layer_target(opts: BenchOptions, plans: list, selection) -> tuple:
 
 
 def _timed_run(opts: BenchOptions, lm, selection, specs: list, mode: str, T: int, requested: int,
-               impl: str, target: tuple) -> dict:
+               impl: str, target: tuple, prompts: torch.Tensor | None = None) -> dict:
     """One mode at one length and batch: every method timed side by side (with --fit-batch, an out-of-memory batch
     is halved and run again); the run's record, with the machine's load before and after."""
     seq_len = (opts.prompt_len or T) if mode == "decode" else T
     batch = requested
     while True:
         settings = RunSettings(mode, batch, seq_len, opts.new_tokens, opts.warmup, opts.repeats,
-                               opts.cache, opts.seed, impl)
+                               opts.cache, opts.seed, impl, prompts=prompts)
         print(f"{mode}: batch {batch} x {seq_len}" + (f", {opts.new_tokens} new tokens ({impl})"
                                                          if mode == "decode" else ""))
         load = _loadavg()
@@ -168,11 +170,37 @@ def _print_profile(prof: dict) -> None:
         print(f"--- profile failed: {prof['error']}")
 
 
+def _describe(lm, selection, specs: list, lengths: list[int]) -> None:
+    """The model, the cost model's ideal selective layer and every method's layers, before the timings."""
+    cfg = lm.config
+    f_kv = kv_fraction(cfg)
+    print(f"model {lm.name}: {lm.num_layers} layers, hidden {cfg.hidden_size}, "
+          f"{cfg.num_attention_heads}/{getattr(cfg, 'num_key_value_heads', None)} heads, "
+          f"{next(lm.model.parameters()).dtype}, {lm.device}; f_kv {f_kv:.3f}, ideal selective layer cost "
+          f"{selective_layer_cost(f_kv, selection.ratio):.3f} by weights, "
+          + ", ".join(f"{flop_layer_cost(cfg, T, selection.ratio):.3f} by FLOPs at {T} tokens" for T in lengths))
+    for s in specs:
+        print(f"  {s.name}: {s.kind.name}, {len(s.layers)} layers {s.layers} ({s.source})")
+
+
+def _prompts(opts: BenchOptions, lm) -> torch.Tensor | None:
+    """--prompt-text: one window of calibration text per row of the largest batch, as long as the longest prompt."""
+    if not opts.prompt_text:
+        return None
+    if lm.tokenizer is None:
+        raise UserError("--prompt-text needs a model with a tokenizer")
+    rows = -(-max(max(opts.batch), max(opts.decode_batch or [1])) // 4) * 4  # a mix takes 4 domains' windows alike
+    length = max((opts.prompt_len or T) for T in opts.seq_len)
+    return calibration_set(lm.tokenizer, opts.prompt_text, rows, length, opts.seed, opts.data_dir).windows
+
+
 def run(opts: BenchOptions) -> int:
     if opts.cost_table:
         return run_cost_table(opts)
     _check(opts)
     check_writable(opts.json_out, opts.overwrite)
+    if opts.prompt_text:
+        check_calibration_source(opts.prompt_text, opts.data_dir)
     plans = [(path, Plan.load(path)) for path in opts.plan]
     lm = load_model_from_options(opts)
     if not opts.fit_batch:  # with --fit-batch an out-of-memory batch is halved and retried instead
@@ -185,6 +213,8 @@ def run(opts: BenchOptions) -> int:
             raise UserError(f"plan file {path} is a {plan.method} plan, but --methods lists no {plan.method} method "
                             "for it to override")
     selection = selection_from_options(opts)
+    prompts = _prompts(opts, lm)
+
     def specs_at(T: int) -> list:  # spread-orthorank matches compute at the length it runs at
         specs = method_specs(opts.methods, lm.num_layers, opts.sparsity, selection, plans, model_name=lm.name,
                              arch=Arch.from_config(lm.config, lm.num_layers), seq_len=T)
@@ -196,13 +226,7 @@ def run(opts: BenchOptions) -> int:
     cfg = lm.config
     dtype = next(lm.model.parameters()).dtype
     f_kv = kv_fraction(cfg)
-    print(f"model {lm.name}: {lm.num_layers} layers, hidden {cfg.hidden_size}, "
-          f"{cfg.num_attention_heads}/{getattr(cfg, 'num_key_value_heads', None)} heads, {dtype}, {lm.device}; "
-          f"f_kv {f_kv:.3f}, ideal selective layer cost {selective_layer_cost(f_kv, selection.ratio):.3f} by "
-          f"weights, " + ", ".join(f"{flop_layer_cost(cfg, T, selection.ratio):.3f} by FLOPs at {T} tokens"
-                                   for T in opts.seq_len))
-    for s in specs:
-        print(f"  {s.name}: {s.kind.name}, {len(s.layers)} layers {s.layers} ({s.source})")
+    _describe(lm, selection, specs, opts.seq_len)
 
     runs: list[dict] = []
 
@@ -229,6 +253,7 @@ def run(opts: BenchOptions) -> int:
             "ideal_selective_layer_cost_flops": {str(T): flop_layer_cost(cfg, T, selection.ratio)
                                                  for T in opts.seq_len},
             "seed": opts.seed,
+            "prompts": opts.prompt_text or "random tokens",
             "runs": runs,
         }
 
@@ -236,7 +261,7 @@ def run(opts: BenchOptions) -> int:
         batches = opts.decode_batch if mode == "decode" and opts.decode_batch else opts.batch
         impls = opts.decode_impl if mode == "decode" else ["eager"]
         for requested, impl in [(b, i) for i in impls for b in batches]:
-            record = _timed_run(opts, lm, selection, specs_by_len[T], mode, T, requested, impl, target)
+            record = _timed_run(opts, lm, selection, specs_by_len[T], mode, T, requested, impl, target, prompts)
             runs.append(record)
             print(format_run(record))
             if mode == "layer" and record.get("profile"):

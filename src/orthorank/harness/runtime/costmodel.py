@@ -61,7 +61,7 @@ def ideal_speedup(num_layers: int, removed: int = 0, selected: int = 0, f_kv: fl
     selection layer.
 
     In decode mode with decode="dense" every new token is updated by every layer (ceil(ratio * 1) = 1), so a
-    selection layer saves nothing; with decode="threshold" the work saved depends on the data: None.
+    selection layer saves nothing; with decode="threshold" or "causal" the work saved depends on the data: None.
     """
     L, kept, n = int(num_layers), int(num_layers) - int(removed), int(selected)
     if kept <= 0:

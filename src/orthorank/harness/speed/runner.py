@@ -48,6 +48,15 @@ class RunSettings:
     use_cache: bool = False  # prefill only; decode always uses the cache
     seed: int = 0
     decode_impl: str = "eager"  # eager (dynamic cache), static (static cache), compile (static cache, compiled step)
+    prompts: torch.Tensor | None = None  # [n, >= seq_len] token ids from text (rows reused in turn); None: random
+
+
+def workload_ids(settings: RunSettings, vocab: int, device: torch.device) -> torch.Tensor:
+    """[batch, seq_len] prompt ids: rows of settings.prompts (cycled to the batch) or seeded random tokens."""
+    if settings.prompts is None:
+        return random_ids(vocab, settings.batch, settings.seq_len, device, settings.seed)
+    rows = torch.arange(settings.batch) % settings.prompts.shape[0]
+    return settings.prompts[rows, :settings.seq_len].to(device)
 
 
 @dataclass
@@ -60,7 +69,7 @@ class _Measured:
 def _workload(model: nn.Module, settings: RunSettings, device: torch.device) -> Callable[[], float]:
     """A callable that runs one repetition and returns its timed seconds."""
     cfg = model.config
-    ids = random_ids(cfg.vocab_size, settings.batch, settings.seq_len, device, settings.seed)
+    ids = workload_ids(settings, cfg.vocab_size, device)
     forward = LastTokenForward(model)
     if settings.mode == "prefill":
         def prefill() -> float:
@@ -118,7 +127,7 @@ def decoded_update_share(model: nn.Module, spec: MethodSpec, settings: RunSettin
     spec.apply(model)
     try:
         forward = LastTokenForward(model)
-        ids = random_ids(model.config.vocab_size, settings.batch, settings.seq_len, device, settings.seed)
+        ids = workload_ids(settings, model.config.vocab_size, device)
         state = _greedy_prompt(forward, ids)
         counter = UpdateCounter(model)
         _greedy_steps(forward, state, settings.new_tokens, lambda: counter.step(settings.batch))
@@ -156,7 +165,7 @@ def run_methods(model: nn.Module, specs: list[MethodSpec], settings: RunSettings
     # of decoded tokens they actually updated (counted in one more, untimed run)
     shares = {m.spec.name: decoded_update_share(model, m.spec, settings, device) for m in measured
               if settings.mode == "decode" and m.spec.kind.selects
-              and (m.spec.selection or SelectionConfig()).decode == "threshold"}
+              and (m.spec.selection or SelectionConfig()).decode in ("threshold", "causal")}
     stats = {m.spec.name: summarize(m.times) for m in measured}
     head_share = decode_head_share(model) if settings.mode == "decode" else 0.0
     dense_t = next((stats[m.spec.name]["median_s"] for m in measured if m.spec.kind.dense), None)

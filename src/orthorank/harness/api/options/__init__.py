@@ -33,16 +33,18 @@ from orthorank.harness.api.options.quality import (
     ZeroshotOptions,
 )
 from orthorank.harness.api.options.run import BenchOptions, GenerateOptions
-from orthorank.harness.api.options.search import CalibrateOptions, FitRouterOptions, MatchSpeedOptions
+from orthorank.harness.api.options.search import (CalibrateOptions, FitRouterOptions, FitThresholdsOptions,
+                                                  MatchSpeedOptions)
 
 # The library's commands, in the order `orthorank --help` lists them.
 BY_COMMAND: dict[str, type[Options]] = {c.command: c for c in (
-    PplOptions, BenchOptions, AnalyzeOptions, SelectionMapOptions, CalibrateOptions, FitRouterOptions, MatchSpeedOptions,
-    CompareOptions, ZeroshotOptions, GenerateOptions, LongctxOptions, LongbenchOptions, FrontierOptions)}
+    PplOptions, BenchOptions, AnalyzeOptions, SelectionMapOptions, CalibrateOptions, FitRouterOptions,
+    FitThresholdsOptions, MatchSpeedOptions, CompareOptions, ZeroshotOptions, GenerateOptions, LongctxOptions, LongbenchOptions, FrontierOptions)}
 
 __all__ = [
     "AnalyzeOptions", "BY_COMMAND", "BenchOptions", "CalibrateOptions", "CompareOptions", "DataOptions",
-    "FitRouterOptions", "FrontierOptions", "GenerateOptions", "JsonOutputOptions", "LongInputOptions",
+    "FitRouterOptions", "FitThresholdsOptions", "FrontierOptions", "GenerateOptions", "JsonOutputOptions",
+    "LongInputOptions",
     "LongbenchOptions", "LongctxOptions", "MatchSpeedOptions", "ModelOptions", "Options", "OverwriteOptions",
     "PlanOptions", "PplOptions", "SavedPlansOptions", "SelectionMapOptions", "SelectionOptions", "StoreOptions", "ZeroshotOptions",
     "batch_size_or_auto", "comma_list", "finite_float", "flag", "match_rules", "non_negative_int", "policy_name",

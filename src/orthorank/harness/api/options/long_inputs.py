@@ -34,10 +34,11 @@ class LongInputOptions(ModelOptions, SavedPlansOptions, DataOptions, StoreOption
                              "%(default)s)")
     sparsity: float = flag("--sparsity", default=0.2, type=finite_float,
                            help="the level of the saved plans (default %(default)s)")
-    decode_modes: str = flag("--decode-modes", default=",".join(DECODE_MODES), metavar="MODES",
-                             deprecated=("--decode",),
-                             help="OrthoRank decode policies, comma-separated, one row each (default: all: "
-                                  + ",".join(DECODE_MODES) + ")")
+    # the paper rule's decode policies (causal decoding belongs to a router plan with thresholds, its own method)
+    decode_modes: str = flag("--decode-modes", default=",".join(m for m in DECODE_MODES if m != "causal"),
+                             metavar="MODES", deprecated=("--decode",),
+                             help="OrthoRank decode policies, comma-separated, one row each (default: "
+                                  "%(default)s; causal needs a router plan with thresholds)")
     policies: str | None = flag("--policies", default=None, metavar="SPECS",
                                 help="add OrthoRank rows with other selection policies on the same layers and ratio "
                                      "(equal compute): comma-separated NAME[+recent=W][+first=W], e.g. "

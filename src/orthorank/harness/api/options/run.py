@@ -6,12 +6,13 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from orthorank.harness.api.options.base import finite_float, flag, non_negative_int, positive_int
-from orthorank.harness.api.options.groups import JsonOutputOptions, ModelOptions, PlanOptions, SelectionOptions
+from orthorank.harness.api.options.groups import (DataOptions, JsonOutputOptions, ModelOptions, PlanOptions,
+                                                  SelectionOptions)
 from orthorank.method.registry import benched, default_methods
 
 
 @dataclass(kw_only=True)
-class BenchOptions(ModelOptions, SelectionOptions, JsonOutputOptions):
+class BenchOptions(ModelOptions, SelectionOptions, DataOptions, JsonOutputOptions):
     command: ClassVar[str] = "bench"
     about: ClassVar[str] = "throughput: dense vs layer removal vs OrthoRank (prefill, decode, layer)"
     description: ClassVar[str] = """\
@@ -51,6 +52,10 @@ loaded model.
                                   help="decode mode: untimed prompt tokens before the timed steps (default --seq-len)")
     new_tokens: int = flag("--new-tokens", default=32, type=positive_int,
                            help="decode steps timed per run (default 32)")
+    prompt_text: str | None = flag("--prompt-text", default=None, metavar="SOURCE",
+                                   help="prompts from calibration text instead of random tokens: a domain's held-out "
+                                        "part (c4, wikitext2, news, code), mix, mix:A+B, or a text file (a causal "
+                                        "router's decode speed depends on what it reads; default: random tokens)")
     decode_impl: list[str] = flag("--decode-impl", factory=lambda: ["eager"], kind="list", item=str,
                                   help="decode mode: eager (transformers' dynamic cache), static (a static cache), "
                                        "compile (a static cache and the step compiled with torch.compile; each method "

@@ -1,11 +1,11 @@
-"""Options of the commands that search and fit plans: `calibrate` and `fit-router`."""
+"""Options of the commands that search and fit plans: `calibrate`, `fit-router`, `fit-thresholds`, `match-speed`."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import ClassVar
 
-from orthorank.harness.api.options.base import finite_float, flag, match_rules, positive_int, token_count
+from orthorank.harness.api.options.base import Options, finite_float, flag, match_rules, positive_int, token_count
 from orthorank.harness.api.options.groups import DataOptions, ModelOptions, OverwriteOptions, SelectionOptions, StoreOptions
 from orthorank.method.cost import DEFAULT_COST_SEQ_LEN
 from orthorank.method.registry import searched
@@ -94,7 +94,22 @@ class CalibrateOptions(ModelOptions, SelectionOptions, DataOptions, StoreOptions
 
 
 @dataclass(kw_only=True)
-class FitRouterOptions(ModelOptions, DataOptions, StoreOptions, OverwriteOptions):
+class WindowCalibrationOptions(Options):
+    """Calibration windows a fit reads (fit-router, fit-thresholds): a quarter of them held out."""
+
+    calib_data: str = flag("--calib-data", default=DEFAULT_CALIB_DATA,
+                           help="calibration text: a domain's held-out part (c4, wikitext2, news, code), mix, mix:A+B, "
+                                "or a text file (default %(default)s)")
+    calib_samples: int = flag("--calib-samples", default=32, type=positive_int,
+                              help="calibration windows (default %(default)s; a quarter is held out)")
+    seq_len: int = flag("--seq-len", default=512, type=positive_int,
+                        help="calibration window length (default %(default)s)")
+    batch_size: int = flag("--batch-size", default=4, type=positive_int,
+                           help="windows per forward (default %(default)s)")
+
+
+@dataclass(kw_only=True)
+class FitRouterOptions(WindowCalibrationOptions, ModelOptions, DataOptions, StoreOptions, OverwriteOptions):
     command: ClassVar[str] = "fit-router"
     about: ClassVar[str] = "fit the router policy for a plan's selection layers; write a router plan"
     description: ClassVar[str] = (
@@ -107,13 +122,6 @@ class FitRouterOptions(ModelOptions, DataOptions, StoreOptions, OverwriteOptions
     plan: str = flag("--plan", help="the plan whose selection layers get a router (orthorank or hybrid)")
     json_out: str | None = flag("--json", default=None, metavar="FILE", deprecated=("--out",), exclusive="output",
                                 group="output", help="the router plan file to write (required)")
-    calib_data: str = flag("--calib-data", default=DEFAULT_CALIB_DATA,
-                           help="calibration text: a domain's held-out part (c4, wikitext2, news, code), mix, mix:A+B, "
-                                "or a text file (default %(default)s)")
-    calib_samples: int = flag("--calib-samples", default=32, type=positive_int,
-                              help="calibration windows (default %(default)s; a quarter is held out)")
-    seq_len: int = flag("--seq-len", default=512, type=positive_int,
-                        help="calibration window length (default %(default)s)")
     targets: str = flag("--targets", default=",".join(DEFAULT_TARGETS),
                         help="candidate targets, the best on held-out windows kept: "
                              + "; ".join(f"{k}: {v}" for k, v in TARGETS.items()) + " (default %(default)s)")
@@ -125,8 +133,6 @@ class FitRouterOptions(ModelOptions, DataOptions, StoreOptions, OverwriteOptions
     fisher_samples: int = flag("--fisher-samples", default=2, type=positive_int,
                                help="sampled next-token sequences per window for the fisher target (default "
                                     "%(default)s)")
-    batch_size: int = flag("--batch-size", default=4, type=positive_int,
-                           help="windows per forward (default %(default)s)")
     # a switch, so not named like --ratio (a number everywhere else); --keep-ratio still works for a release
     keep_ratio: bool = flag("--no-rematch", default=False, kind="switch", deprecated=("--keep-ratio",),
                             help="keep the plan's keep ratios as they are (default: re-match an OrthoRank plan's "
@@ -148,6 +154,26 @@ class FitRouterOptions(ModelOptions, DataOptions, StoreOptions, OverwriteOptions
                                    "the same compute)")
     overwrite: bool = flag("--overwrite", default=False, kind="switch", group="output",
                            help="replace --json FILE if it exists")
+
+
+@dataclass(kw_only=True)
+class FitThresholdsOptions(WindowCalibrationOptions, ModelOptions, DataOptions, OverwriteOptions):
+    command: ClassVar[str] = "fit-thresholds"
+    about: ClassVar[str] = "fit a router plan's thresholds for causal decoding; write a causal plan"
+    description: ClassVar[str] = (
+        "Make a router plan decide each token from its own score, in prefill and decoding alike: a threshold per "
+        "selection layer, set on calibration text (never evaluation text) so that the layer updates the share of "
+        "tokens its keep ratio names, the layers fitted in order. The plan written decides causally (its selection's "
+        "decode is causal), so a teacher-forced forward (ppl) makes exactly the decisions generation makes. The last "
+        "quarter of the calibration windows is held out and the shares measured there are recorded.")
+    plan: str = flag("--plan", help="the router plan (from `orthorank fit-router`) whose layers get thresholds")
+    out: str = flag("--out", metavar="FILE", group="output", help="the causal plan file to write (required)")
+    keep: float | None = flag("--keep", default=None, type=finite_float, metavar="SHARE",
+                              help="the share of tokens every selection layer updates, in (0, 1] (default: each "
+                                   "layer's keep ratio); the plan's keep ratio becomes it, so its compute is counted "
+                                   "at it (e.g. to match another plan's measured decode speed)")
+    overwrite: bool = flag("--overwrite", default=False, kind="switch", group="output",
+                           help="replace --out FILE if it exists")
 
 
 @dataclass(kw_only=True)

@@ -1,0 +1,38 @@
+"""The decode-router summary (harness/reports/decode_router.py) reads the study's compare and bench files: the worst
+domain against SLEB as compare wrote it, and decode ratios paired by round whose verdict follows the interval."""
+
+from __future__ import annotations
+
+import json
+
+from orthorank.harness.reports.decode_router import summarize
+
+
+def _bench(times: dict[str, list[float]], share: float) -> dict:
+    methods = [{"method": k, "timing": {"times_s": v}} for k, v in times.items()]
+    methods[-1]["decoded_tokens_updated"] = share
+    return {"runs": [{"mode": "decode", "batch": 1, "new_tokens": 8, "methods": methods}]}
+
+
+def test_the_summary_quotes_compare_and_pairs_decode_rounds(tmp_path):
+    d = tmp_path / "tiny"
+    (d / "compare-0.2").mkdir(parents=True)
+    (d / "compare-0.2" / "compare.json").write_text(json.dumps({
+        "windows": {"a": 4, "b": 4}, "seq_len": 32,
+        "worst_domain": [{"method": "router-searched-causal", "vs": "sleb", "worst_dataset": "b", "datasets": ["a", "b"],
+                          "ratio": 0.9, "ci95": [0.8, 1.05], "verdict": "no difference"}]}))
+    # the causal row takes 0.8 of SLEB's time in every round: faster
+    times = {"dense": [1.0, 1.1, 1.0, 1.2, 1.0], "sleb": [0.8, 0.9, 0.8, 0.9, 0.8],
+             "router-searched-causal": [0.64, 0.72, 0.64, 0.72, 0.64]}
+    (d / "bench-decode-0.2-b1-n8.json").write_text(json.dumps(_bench(times, 0.3)))
+    text = summarize(tmp_path)
+    assert "worst-domain ratio to SLEB 0.900 [0.800, 1.050] on b: no difference" in text
+    row = next(line for line in text.splitlines() if line.startswith("| batch 1"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[1].startswith("1.250x") and cells[1].endswith("faster")  # SLEB's time / the causal row's
+    assert cells[3].endswith("faster") and cells[4] == "0.300"
+    # slower when every round is: the causal row at 1.5x SLEB's time
+    times["router-searched-causal"] = [t * 1.5 for t in times["sleb"]]
+    (d / "bench-decode-0.2-b1-n8.json").write_text(json.dumps(_bench(times, 0.3)))
+    row = next(line for line in summarize(tmp_path).splitlines() if line.startswith("| batch 1"))
+    assert row.split("|")[2].strip().endswith("slower")
