@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from orthorank.harness.evaluation.stats import paired_time_ratio  # noqa: E402
 from orthorank.harness.results import atomic_write_text, environment  # noqa: E402
-from orthorank.harness.runtime.timing import interleaved_rounds, time_call  # noqa: E402
+from orthorank.harness.runtime.timing import prefill_variants  # noqa: E402
 from orthorank.method import local_kernel  # noqa: E402
 from orthorank.method.apply import apply_plan, restore_dense  # noqa: E402
 from orthorank.method.cost import Arch  # noqa: E402
@@ -92,15 +92,7 @@ def main() -> int:
                 local_kernel.AUTO = name
                 apply_plan(lm.model, plan)
 
-        def time_one(name: str) -> float:
-            setup(name)
-            return time_call(lambda: forward(ids, use_cache=True), torch.device("cpu"))
-
-        logits = {}
-        for name in ROWS[1:]:
-            setup(name)
-            logits[name] = forward(ids, use_cache=True)[0].reshape(-1, lm.config.vocab_size)[-1].float()
-        times = interleaved_rounds(list(ROWS), time_one, args.rounds, warmup=1)
+        times, logits = prefill_variants(forward, ids, ROWS, setup, args.rounds, compared=ROWS[1:])
         restore_dense(lm.model)
         local_kernel.AUTO = "split"
         row = {"seq_len": n, "plan": {"method": plan.method, "layers": plan.layers,

@@ -27,7 +27,7 @@ from orthorank.models.last_token import LastTokenForward  # noqa: E402
 from orthorank.models.loading import load_model  # noqa: E402
 from orthorank.models.sliding_attention import kernel_name, use_blocked_sliding  # noqa: E402
 from orthorank.harness.results import atomic_write_text, environment  # noqa: E402
-from orthorank.harness.runtime.timing import interleaved_rounds, time_call  # noqa: E402
+from orthorank.harness.runtime.timing import prefill_variants  # noqa: E402
 
 
 def render(data: dict) -> str:
@@ -74,15 +74,8 @@ def main() -> int:
             if name == "blocked":
                 undo["fn"] = use_blocked_sliding(lm.model)
 
-        def time_one(name: str) -> float:
-            setup(name)
-            return time_call(lambda: forward(ids, use_cache=True), torch.device("cpu"))
-
-        logits = {}
-        for name in ("model", "blocked"):
-            setup(name)
-            logits[name] = forward(ids, use_cache=True)[0].reshape(-1, lm.config.vocab_size)[-1].float()
-        times = interleaved_rounds(["model", "blocked"], time_one, args.rounds, warmup=1)
+        times, logits = prefill_variants(forward, ids, ("model", "blocked"), setup, args.rounds,
+                                         compared=("model", "blocked"))
         setup("model")
         sp = paired_time_ratio(times["model"], times["blocked"])
         row = {"seq_len": n, "model_s": times["model"], "blocked_s": times["blocked"],

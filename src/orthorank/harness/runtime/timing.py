@@ -125,3 +125,22 @@ def random_ids(vocab: int, batch: int, length: int, device: torch.device, seed: 
     # Skip the lowest ids (special tokens in most vocabularies); content does not change the cost.
     low = min(16, vocab - 1)
     return torch.randint(low, vocab, (batch, length), generator=gen).to(device)
+
+
+def prefill_variants(forward: Callable[..., Any], ids: torch.Tensor, names: Sequence[str],
+                     setup: Callable[[str], None], rounds: int, compared: Sequence[str] = ()
+                     ) -> tuple[dict[str, list[float]], dict[str, torch.Tensor]]:
+    """One prompt's prefill (batch 1, `forward(ids, use_cache=True)`, last position's logits) under each setup
+    `setup(name)` makes, timed in interleaved rounds after a warm-up round: (seconds per name, the last-token logits
+    [vocab] float32 of each name in `compared`)."""
+    logits = {}
+    for name in compared:
+        setup(name)
+        out = forward(ids, use_cache=True)[0]
+        logits[name] = out.reshape(-1, out.shape[-1])[-1].float()
+
+    def time_one(name: str) -> float:
+        setup(name)
+        return time_call(lambda: forward(ids, use_cache=True), ids.device)
+
+    return interleaved_rounds(list(names), time_one, rounds, warmup=1), logits
