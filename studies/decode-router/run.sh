@@ -9,19 +9,33 @@
 # 3. Decode speed side by side after 256-token prompts of calibration text (a causal router's skips depend on the
 #    text, so no random tokens): batch 1 with 128 greedy steps and batch 32 with 32, 5 interleaved rounds, the
 #    causal row's ideal taken at the share of decoded tokens it updated.
-#   studies/decode-router/run.sh [MODEL ...]   (default smollm2-135m; LEVELS="0.1 0.2")
+# Where the router fit declined the router for a level (Gemma 3 270M at 10%: router-searched-0.1.json keeps the paper's
+# rule), a router is fitted on the same layers anyway (fit-router --always-route, re-matched to the same compute:
+# router-forced-<s>.json), since the paper's top-K rule is not causal and cannot decode per token.
+#   studies/decode-router/run.sh [MODEL ...]   (default smollm2-135m; LEVELS="0.1 0.2"; BENCH=0)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 O=${O:-.venv/bin/orthorank}
 MODELS=${*:-smollm2-135m}
 LEVELS=${LEVELS:-0.2}
+BENCH=${BENCH:-1}   # BENCH=0: fits and quality only (timings need a quiet machine)
 for m in $MODELS; do
   d=studies/decode-router/$m
   mkdir -p $d
   for s in $LEVELS; do
     out=plans/$m/router-searched-causal-$s.json
+    base=plans/$m/router-searched-$s.json
+    if ! grep -q '"policy": "router"' $base; then
+      forced=plans/$m/router-forced-$s.json
+      if [ ! -f $forced ]; then
+        $O fit-router --model $m --plan $base --always-route --json $forced.tmp --overwrite --dtype bfloat16 \
+          --threads 2 > $d/fit-router-forced-$s.log 2>&1
+        mv $forced.tmp $forced
+      fi
+      base=$forced
+    fi
     if [ ! -f $out ]; then
-      $O fit-thresholds --model $m --plan plans/$m/router-searched-$s.json --out $out.tmp --overwrite \
+      $O fit-thresholds --model $m --plan $base --out $out.tmp --overwrite \
         --dtype bfloat16 --threads 2 > $d/fit-thresholds-$s.json 2> $d/fit-thresholds-$s.log
       mv $out.tmp $out
     fi
@@ -30,6 +44,7 @@ for m in $MODELS; do
       --seq-len 512 --skip-windows 32 --max-windows 16 --batch-size 4 --dtype bfloat16 --threads 2 \
       --out $d/compare-$s --overwrite 2> $d/compare-$s.log
     # batch 1: 128 new tokens; batch 32: 32 (a first look: 128 at batch 32 takes about 20 minutes on 2 cores)
+    [ "$BENCH" = 1 ] || continue
     for spec in 1:128 32:32; do
       b=${spec%%:*}; n=${spec##*:}; f=$d/bench-decode-$s-b$b-n$n
       [ -f $f.json ] || $O bench --model $m --sparsity $s --methods dense,sleb,shortgpt,router-searched-causal \

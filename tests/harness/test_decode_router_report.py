@@ -36,3 +36,31 @@ def test_the_summary_quotes_compare_and_pairs_decode_rounds(tmp_path):
     (d / "bench-decode-0.2-b1-n8.json").write_text(json.dumps(_bench(times, 0.3)))
     row = next(line for line in summarize(tmp_path).splitlines() if line.startswith("| batch 1"))
     assert row.split("|")[2].strip().endswith("slower")
+
+
+def test_the_answer_cannot_call_a_loss_a_win():
+    from orthorank.harness.reports.decode_router import NO, UNDECIDED, YES, answer
+
+    assert answer("lower everywhere", "level") == YES
+    assert answer("lower everywhere", "faster") == YES
+    # better quality bought with speed: slower than SLEB is a no, whatever the perplexity
+    assert answer("lower everywhere", "slower") == NO
+    assert answer("higher somewhere", "faster") == NO
+    # an interval across 1 decides nothing, and neither does a speed never measured
+    assert answer("no difference", "faster") == UNDECIDED
+    assert answer("lower everywhere", None) == UNDECIDED
+
+
+def test_the_summary_states_the_answer(tmp_path):
+    d = tmp_path / "tiny"
+    (d / "compare-0.1").mkdir(parents=True)
+    (d / "compare-0.1" / "compare.json").write_text(json.dumps({
+        "windows": 4, "seq_len": 32,
+        "worst_domain": [{"method": "router-causal", "vs": "sleb", "worst_dataset": "a", "datasets": ["a"],
+                          "ratio": 0.7, "ci95": [0.6, 0.8], "verdict": "lower everywhere"}]}))
+    times = {"dense": [1.0] * 5, "sleb": [0.8, 0.82, 0.8, 0.81, 0.8], "router-causal": [1.0, 1.02, 1.0, 1.01, 1.0]}
+    (d / "bench-decode-0.1-b1-n8.json").write_text(json.dumps(_bench(times, 0.2)))
+    assert "at SLEB's batch-1 decode speed: **no**" in summarize(tmp_path)  # better, but slower than SLEB
+    times["router-causal"] = [0.79, 0.83, 0.8, 0.8, 0.81]
+    (d / "bench-decode-0.1-b1-n8.json").write_text(json.dumps(_bench(times, 0.2)))
+    assert "at SLEB's batch-1 decode speed: **yes**" in summarize(tmp_path)

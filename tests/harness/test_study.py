@@ -98,7 +98,8 @@ def test_study_end_to_end_resumes_and_summarizes(capsys, tiny_long_folder, tmp_p
                                 "--threads", "1")
     assert code == 0, err
     study = json.loads((out / "study.json").read_text())
-    assert study["finished"] == ["sink", "plans", "perplexity", "zeroshot", "longctx", "speed", "decode", "router"]
+    assert study["finished"] == ["sink", "plans", "perplexity", "zeroshot", "longctx", "speed", "decode", "router",
+                                 "decode-router"]
     assert study["skipped"] == ["hybrid", "transfer", "policies", "long-prompt"]  # not in the test budget; run
     # only when named
     groups = {c["group"] for c in study["claims"]}
@@ -128,10 +129,20 @@ def test_study_end_to_end_resumes_and_summarizes(capsys, tiny_long_folder, tmp_p
     speed = json.loads((out / "speed" / "bench-0.2.json").read_text())
     decoded = {m["method"]: m for r in speed["runs"] if r["mode"] == "decode" for m in r["methods"]}
     assert decoded["orthorank [+decode=threshold]"]["ideal_speedup"] is not None
+    # the decode-router stage: a causal plan (a router forced on the layers where the fit declined it), its
+    # comparison and batch-1 decode timing, and the answer by the rule of harness/reports/decode_router.py
+    causal = Plan.load(tmp_path / "plans" / tiny_long_folder.name / "router-causal-0.2.json")
+    assert causal.selection.policy == "router" and causal.selection.decode == "causal"
+    forced = tmp_path / "plans" / tiny_long_folder.name / "router-forced-0.2.json"
+    assert forced.is_file() == (kept == "orthogonal")
+    answer = json.loads((out / "decode-router" / "decode-router.json").read_text())["levels"]
+    assert [a["level"] for a in answer] == ["0.2"] and answer[0]["answer"] in ("yes", "no", "not decided")
+    assert answer[0]["decode"][0]["batch"] == 1 and "vs_sleb" in answer[0]["decode"][0]
+    assert "The causal router (beyond the paper)" in page and "Better than SLEB at SLEB" in page
 
     code, stdout, err = run_cli(capsys, "study", "--model", tiny_long_folder, "--budget", "test", "--out", out,
                                 "--threads", "1")
-    assert code == 0 and err.count("done before") == 8, err  # resumed: nothing ran again
+    assert code == 0 and err.count("done before") == 9, err  # resumed: nothing ran again
 
     # the policies stage (issue 24 for any model), named: per level, compare with the rules and zero-shot, the
     # long-context suite and LongBench with the same rules, the decision from their intervals, a report section

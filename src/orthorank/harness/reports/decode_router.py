@@ -1,7 +1,8 @@
-"""The decode-router study's summary (issue 58), from its committed files: per model and level, the causal router's
-quality against SLEB (the worst-domain perplexity ratio of `compare`, with its interval and verdict) and its decode
-speed against SLEB's and dense's (paired per-round ratios of `bench --mode decode`, bootstrap intervals over rounds),
-with the share of decoded tokens its selection layers updated.
+"""The decode router's evidence (issue 58), from committed files: per model and level, the causal router's quality
+against SLEB (the worst-domain perplexity ratio of `compare`, with its interval and verdict), its decode speed against
+SLEB's and dense's (paired per-round ratios of `bench --mode decode`, bootstrap intervals over rounds), the share of
+decoded tokens its selection layers updated, and the answer to "does the decode router beat SLEB at SLEB's decode
+speed here?", computed by the rule below.
 
     python -m orthorank.harness.reports.decode_router studies/decode-router --out studies/decode-router/summary.md
 """
@@ -12,6 +13,7 @@ import argparse
 import json
 import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,61 +22,130 @@ from orthorank.harness.results import atomic_write_text
 
 CAUSAL = ("router-searched-causal", "router-causal")
 
+# The answer's rule, fixed before the runs it judges. Yes only where both intervals say so: the causal plan's
+# worst-domain perplexity ratio to SLEB lies wholly below 1 (better on every domain), and its batch-1 decode speed is
+# not measured slower than SLEB's (the paired interval reaches 1 or above). No where either interval says the
+# opposite (worse somewhere, or slower). Otherwise not decided. Equal speed is what the intervals cannot tell apart,
+# so a plan that is slower by less than the rounds resolve passes as level; the speed cell says how wide that is.
+YES, NO, UNDECIDED = "yes", "no", "not decided"
+
+
+def answer(quality: str, speed: str | None) -> str:
+    """quality: compare's worst-domain verdict against SLEB; speed: faster / level / slower against SLEB at batch 1
+    (None: not measured)."""
+    if quality == "higher somewhere" or speed == "slower":
+        return NO
+    if quality == "lower everywhere" and speed in ("faster", "level"):
+        return YES
+    return UNDECIDED
+
+
+@dataclass(frozen=True)
+class Speed:
+    ratio: float
+    low: float
+    high: float
+
+    @property
+    def verdict(self) -> str:
+        return "faster" if self.low > 1 else "slower" if self.high < 1 else "level"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"ratio": self.ratio, "ci95": [self.low, self.high], "verdict": self.verdict}
+
+    def cell(self) -> str:
+        return f"{_cell(self.ratio, self.low, self.high, 'x')} {self.verdict}"
+
 
 def _cell(value: float, low: float, high: float, unit: str = "") -> str:
     return f"{value:.3f}{unit} [{low:.3f}, {high:.3f}]"
 
 
-def _speed(run: dict[str, Any], row: str, reference: str) -> str:
+def speed(run: dict[str, Any], row: str, reference: str) -> Speed | None:
     """Throughput row / reference: reference's times over row's, paired by round."""
     by = {m["method"]: m for m in run["methods"]}
     if row not in by or reference not in by:
-        return "-"
-    mid, lo, hi = paired_ratio(by[reference]["timing"]["times_s"], by[row]["timing"]["times_s"])
-    verdict = "faster" if lo > 1 else "slower" if hi < 1 else "level"
-    return f"{_cell(mid, lo, hi, 'x')} {verdict}"
+        return None
+    return Speed(*paired_ratio(by[reference]["timing"]["times_s"], by[row]["timing"]["times_s"]))
 
 
-def _decode_rows(folder: Path, level: str) -> list[str]:
+def decode_runs(folder: Path, level: str) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """(run, causal row) of every decode run of `bench-decode-<level>-b*-n*.json` in folder, batch 1 first."""
     out = []
     for path in sorted(folder.glob(f"bench-decode-{level}-b*-n*.json")):
-        data = json.loads(path.read_text())
-        for run in data.get("runs", []):
-            if run.get("mode") != "decode":
-                continue
-            row = next((m for m in run["methods"] if m["method"] in CAUSAL), None)
-            if row is None:
-                continue
-            share = row.get("decoded_tokens_updated")
-            out.append(f"| batch {run['batch']}, {run['new_tokens']} new tokens | {_speed(run, row['method'], 'sleb')} | "
-                       f"{_speed(run, row['method'], 'dense')} | {_speed(run, 'sleb', 'dense')} | "
-                       f"{'-' if share is None else f'{share:.3f}'} |")
-    return out
+        for run in json.loads(path.read_text()).get("runs", []):
+            row = next((m for m in run.get("methods", []) if m["method"] in CAUSAL), None)
+            if run.get("mode") == "decode" and row is not None:
+                out.append((run, row))
+    return sorted(out, key=lambda pair: (pair[0]["batch"], pair[0]["new_tokens"]))
+
+
+def _fmt(s: Speed | None) -> str:
+    return "-" if s is None else s.cell()
+
+
+def level_evidence(folder: Path, compare: Path) -> dict[str, Any] | None:
+    """The evidence of one level: compare.json's worst-domain row of the causal plan against SLEB, the decode runs
+    beside it, and the answer (None where the comparison holds no causal row)."""
+    level = re.sub(r"^compare-", "", compare.parent.name)
+    data = json.loads(compare.read_text())
+    worst = next((w for w in data.get("worst_domain", []) if w["method"] in CAUSAL and w["vs"] == "sleb"), None)
+    if worst is None:
+        return None
+    windows = data["windows"]
+    sizes = sorted(set(windows.values())) if isinstance(windows, dict) else [windows]
+    decode = []
+    for run, row in decode_runs(folder, level):
+        decode.append({"batch": run["batch"], "new_tokens": run["new_tokens"],
+                       "vs_sleb": speed(run, row["method"], "sleb"), "vs_dense": speed(run, row["method"], "dense"),
+                       "sleb_vs_dense": speed(run, "sleb", "dense"), "share": row.get("decoded_tokens_updated")})
+    batch1 = next((d["vs_sleb"] for d in decode if d["batch"] == 1), None)
+    return {"level": level, "method": worst["method"], "worst": worst, "domains": len(worst["datasets"]),
+            "windows": "/".join(map(str, sizes)), "seq_len": data["seq_len"], "decode": decode,
+            "answer": answer(worst["verdict"], None if batch1 is None else batch1.verdict)}
+
+
+def level_lines(name: str, ev: dict[str, Any]) -> list[str]:
+    w = ev["worst"]
+    lo, hi = w["ci95"]
+    lines = [f"**{name} at {ev['level']}** ({ev['method']}, {ev['domains']} domains x {ev['windows']} windows of "
+             f"{ev['seq_len']} tokens): worst-domain ratio to SLEB {_cell(w['ratio'], lo, hi)} on "
+             f"{w['worst_dataset']}: {w['verdict']}. Better than SLEB at SLEB's batch-1 decode speed: "
+             f"**{ev['answer']}**.", ""]
+    if ev["decode"]:
+        lines += ["| decode | causal vs SLEB | causal vs dense | SLEB vs dense | share updated |",
+                  "|---|---|---|---|---|"]
+        lines += [f"| batch {d['batch']}, {d['new_tokens']} new tokens | {_fmt(d['vs_sleb'])} | {_fmt(d['vs_dense'])} "
+                  f"| {_fmt(d['sleb_vs_dense'])} | {'-' if d['share'] is None else format(d['share'], '.3f')} |"
+                  for d in ev["decode"]]
+        lines.append("")
+    return lines
+
+
+CAPTION = ("Causal router decoding against SLEB (issue 58). Quality: worst-domain perplexity ratio to SLEB over the "
+           "domains compared (windows no fit or search saw; below 1 = better; a causal plan's teacher-forced "
+           "perplexity is its generation's). Speed: decode throughput ratios, median of paired interleaved rounds "
+           "with a bootstrap 95% interval (faster / slower: the whole interval above / below 1), on prompts of "
+           "calibration text; share: decoded tokens its selection layers updated. The answer is yes only where the "
+           "worst-domain interval lies below 1 and batch 1 is not measured slower than SLEB; no where either interval "
+           "says the opposite; otherwise not decided.")
+
+
+def folder_lines(folder: Path, name: str) -> list[str]:
+    """Every level compared in folder (compare-<level>/compare.json beside bench-decode-<level>-*.json)."""
+    lines: list[str] = []
+    for cmp in sorted(folder.glob("compare-*/compare.json")):
+        ev = level_evidence(folder, cmp)
+        if ev is not None:
+            lines += level_lines(name, ev)
+    return lines
 
 
 def summarize(root: Path) -> str:
-    lines = ["Causal router decoding against SLEB (issue 58). Quality: worst-domain perplexity ratio to SLEB over the "
-             "domains compared (windows no fit or search saw; below 1 = better; a causal plan's teacher-forced "
-             "perplexity is its generation's). Speed: decode throughput ratios, median of paired interleaved rounds "
-             "with a bootstrap 95% interval (faster / slower: the whole interval above / below 1), on prompts of "
-             "calibration text; share: decoded tokens its selection layers updated.", ""]
+    """One section per model folder under root."""
+    lines = [CAPTION, ""]
     for folder in sorted(p for p in root.iterdir() if p.is_dir()):
-        for cmp in sorted(folder.glob("compare-*/compare.json")):
-            level = re.sub(r"^compare-", "", cmp.parent.name)
-            data = json.loads(cmp.read_text())
-            worst = next((w for w in data.get("worst_domain", []) if w["method"] in CAUSAL and w["vs"] == "sleb"), None)
-            if worst is None:
-                continue
-            lo, hi = worst["ci95"]
-            windows = data["windows"]
-            sizes = sorted(set(windows.values())) if isinstance(windows, dict) else [windows]
-            lines += [f"**{folder.name} at {level}** ({worst['method']}, {len(worst['datasets'])} domains x "
-                      f"{'/'.join(map(str, sizes))} windows of {data['seq_len']} tokens): worst-domain ratio to SLEB "
-                      f"{_cell(worst['ratio'], lo, hi)} on {worst['worst_dataset']}: {worst['verdict']}.", ""]
-            decode = _decode_rows(folder, level)
-            if decode:
-                lines += ["| decode | causal vs SLEB | causal vs dense | SLEB vs dense | share updated |",
-                          "|---|---|---|---|---|", *decode, ""]
+        lines += folder_lines(folder, folder.name)
     return "\n".join(lines).rstrip() + "\n"
 
 

@@ -38,6 +38,8 @@ SECTIONS = [
      ["compare.md"], ["compare.png"]),
     ("router/hybrid", "The router on the hybrid plans' selection layers, against SLEB at the same compute",
      ["compare.md"], []),
+    ("decode-router", "The causal router (beyond the paper): decoding per token against SLEB at SLEB's decode speed",
+     ["summary.md"], []),
     ("transfer", "Transfer: plans calibrated on one source, evaluated on every domain", ["transfer.md"],
      ["transfer-*.png"]),
     ("policies", "Selection policies: the oracle's headroom and long inputs per rule", ["policies.md"], []),

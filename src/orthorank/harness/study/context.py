@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
-from orthorank.harness.api.options import BenchOptions, Options, StoreOptions
+from orthorank.harness.api.options import BenchOptions, CompareOptions, Options, StoreOptions
 from orthorank.method.plan_store import PLANS_DIR, plan_relpath, sparsity_label
-from orthorank.harness.study.budgets import Budget
+from orthorank.harness.study.budgets import DOMAINS, Budget
 
 O = TypeVar("O", bound=Options)
 
@@ -48,3 +48,13 @@ class StudyContext:
 def hybrid_cost_table(ctx: StudyContext, table: Path) -> BenchOptions:
     """This machine's cost table at the perplexity windows' length, where compute is matched too."""
     return ctx.options(BenchOptions, batch=[1], seq_len=[ctx.budget.ppl_seq_len], cost_table=str(table))
+
+
+def compare_on_domains(ctx: StudyContext, methods: list[str], levels: tuple[float, ...], out: Path,
+                       **fields: Any) -> CompareOptions:
+    """A comparison on the perplexity stage's windows of every domain, with the study's plans."""
+    b = ctx.budget
+    return ctx.options(CompareOptions, **{
+        "methods": ",".join(methods), "sparsity": ctx.levels(levels), "datasets": ",".join(DOMAINS),
+        "seq_len": b.ppl_seq_len, "max_windows": b.ppl_windows, "plans_dir": str(ctx.plans_dir), "out": str(out),
+        "overwrite": True, **fields})

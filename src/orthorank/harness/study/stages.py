@@ -31,8 +31,9 @@ from orthorank.method.plan import Plan
 from orthorank.method.presets import available as presets_available
 from orthorank.method.plan_store import sparsity_label
 from orthorank.harness.results import atomic_write_text
-from orthorank.harness.study.budgets import DOMAINS, ZEROSHOT_TASKS, Budget
-from orthorank.harness.study.context import StudyContext, hybrid_cost_table
+from orthorank.harness.study import decode_router
+from orthorank.harness.study.budgets import ZEROSHOT_TASKS, Budget
+from orthorank.harness.study.context import StudyContext, compare_on_domains, hybrid_cost_table
 from orthorank.harness.study.headroom import finish_policies, policies_calls, policies_output
 from orthorank.harness.study.transfer import after_command, render_matrix, transfer_calls, transfer_done, transfer_output
 
@@ -74,18 +75,9 @@ def _plans_output(ctx: StudyContext) -> Path:
     return ctx.out / "plans" / "plans.json"
 
 
-def _compare(ctx: StudyContext, methods: list[str], levels: tuple[float, ...], out: Path, **fields) -> CompareOptions:
-    """A comparison on the perplexity stage's windows of every domain, with the study's plans."""
-    b = ctx.budget
-    return ctx.options(CompareOptions, **{
-        "methods": ",".join(methods), "sparsity": ctx.levels(levels), "datasets": ",".join(DOMAINS),
-        "seq_len": b.ppl_seq_len, "max_windows": b.ppl_windows, "plans_dir": str(ctx.plans_dir), "out": str(out),
-        "overwrite": True, **fields})
-
-
 def _ppl_calls(ctx: StudyContext) -> list[Options]:
     b = ctx.budget
-    return [_compare(ctx, ["dense", *SEARCHED], b.levels, ctx.out / "perplexity", ablations=True,
+    return [compare_on_domains(ctx, ["dense", *SEARCHED], b.levels, ctx.out / "perplexity", ablations=True,
                      ablation_levels=ctx.levels(b.claim_levels))]
 
 
@@ -141,7 +133,7 @@ def _hybrid_calls(ctx: StudyContext) -> list[Options]:
     if missing:
         calls.append(ctx.options(CalibrateOptions, method="hybrid", cost_table=str(table),
                                  sparsity=ctx.levels(tuple(missing)), out=str(ctx.plans_dir), **b.calibration))
-    calls.append(_compare(ctx, ["dense", "sleb", "orthorank", "hybrid"], b.levels, ctx.out / "hybrid",
+    calls.append(compare_on_domains(ctx, ["dense", "sleb", "orthorank", "hybrid"], b.levels, ctx.out / "hybrid",
                           measure_speed=b.speed_repeats))
     return calls
 
@@ -179,10 +171,10 @@ def _router_calls(ctx: StudyContext) -> list[Options]:
                                      json_out=str(ctx.plans_dir / f"router-hybrid-{s}.json"),
                                      match_compute_of=str(ctx.plans_dir / f"sleb-{s}.json"),
                                      cost_seq_len=b.ppl_seq_len, **r.fit_options()))
-    calls.append(_compare(ctx, ["dense", "sleb", "orthorank", "router"], b.levels, ctx.out / "router",
+    calls.append(compare_on_domains(ctx, ["dense", "sleb", "orthorank", "router"], b.levels, ctx.out / "router",
                           policies=ROUTER_POLICIES, ablation_levels=ctx.levels(b.claim_levels)))
     if hybrid_levels:
-        calls.append(_compare(ctx, ["sleb", "hybrid", "router-hybrid"], tuple(hybrid_levels),
+        calls.append(compare_on_domains(ctx, ["sleb", "hybrid", "router-hybrid"], tuple(hybrid_levels),
                               ctx.out / "router" / "hybrid"))
     return calls
 
@@ -227,6 +219,10 @@ STAGES: list[Stage] = [
           "selection layers where it removes layers too), against SLEB and the paper's rule on every domain at "
           "exactly SLEB's compute (router FLOPs counted)",
           _router_output, _router_calls, lambda b: b.router is not None),
+    Stage("decode-router", "the causal router: thresholds fitted on calibration text for the router stage's plans, "
+          "then perplexity against SLEB on every domain and batch-1 decode speed side by side: does it beat SLEB at "
+          "SLEB's decode speed here?", decode_router.output, decode_router.calls, lambda b: b.router is not None,
+          finish=decode_router.finish),
     Stage("transfer", "the transfer matrix: every method calibrated on several sources, evaluated on every domain",
           transfer_output, transfer_calls, lambda b: b.transfer is not None, transfer_done, finish=render_matrix,
           after_command=after_command, optional=True),

@@ -1,0 +1,82 @@
+"""The decode-router stage (issue 58): does a causal router, deciding each token by a fitted threshold, beat SLEB at
+SLEB's decode speed on this model and text?
+
+Per claim level, on the router stage's plan (router-<s>.json): thresholds fitted on calibration text
+(fit-thresholds: router-causal-<s>.json); where the router fit declined the router for that level, a router is
+fitted on the same layers anyway first (fit-router --always-route: router-forced-<s>.json), since the paper's top-K
+rule is not causal. Then perplexity on the perplexity stage's windows against dense, SLEB and the top-K router, and
+decode speed at batch 1 on prompts of calibration text (a causal router's skips depend on what it reads) against
+dense and SLEB. The answer follows harness/reports/decode_router.py's rule, fixed before any run.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from orthorank.harness.api.options import BenchOptions, FitRouterOptions, FitThresholdsOptions, Options
+from orthorank.harness.reports.decode_router import CAPTION, Speed, folder_lines, level_evidence
+from orthorank.harness.results import atomic_write_text
+from orthorank.harness.study.context import StudyContext, compare_on_domains
+from orthorank.method.plan_store import sparsity_label
+
+FOLDER = "decode-router"
+PROMPTS = "mix"  # decode prompts: the calibration mix's held-out parts, never evaluation windows
+
+
+def output(ctx: StudyContext) -> Path:
+    return ctx.out / FOLDER / "decode-router.json"
+
+
+def _is_router(path: Path) -> bool:
+    return json.loads(path.read_text()).get("selection", {}).get("policy") == "router"
+
+
+def _causal_plan_calls(ctx: StudyContext, s: str) -> list[Options]:
+    r = ctx.budget.router
+    calls: list[Options] = []
+    causal = ctx.plans_dir / f"router-causal-{s}.json"
+    if causal.is_file():
+        return calls
+    base = ctx.plans_dir / f"router-{s}.json"
+    # a plan the router fit declined keeps the paper's rule: written only after the router stage, so read it then
+    if base.is_file() and not _is_router(base):
+        base = ctx.plans_dir / f"router-forced-{s}.json"
+        if not base.is_file():
+            calls.append(ctx.options(FitRouterOptions, plan=str(ctx.plans_dir / f"orthorank-{s}.json"),
+                                     always_route=True, json_out=str(base), **r.fit_options()))
+    calls.append(ctx.options(FitThresholdsOptions, plan=str(base), out=str(causal), calib_samples=r.calib_samples,
+                             seq_len=r.calib_seq_len))
+    return calls
+
+
+def calls(ctx: StudyContext) -> list[Options]:
+    b = ctx.budget
+    out: list[Options] = []
+    for level in b.claim_levels:
+        s = sparsity_label(level)
+        out += _causal_plan_calls(ctx, s)
+        out.append(compare_on_domains(ctx, ["dense", "sleb", "router", "router-causal"], (level,),
+                                      ctx.out / FOLDER / f"compare-{s}"))
+        out.append(ctx.options(BenchOptions, methods=["dense", "sleb", "router-causal"], sparsity=level,
+                               mode=["decode"], batch=[1], seq_len=[b.speed_seq_len], new_tokens=b.decode_tokens,
+                               repeats=b.speed_repeats, prompt_text=PROMPTS,
+                               json_out=str(ctx.out / FOLDER / f"bench-decode-{s}-b1-n{b.decode_tokens}.json"),
+                               overwrite=True))
+    return out
+
+
+def finish(ctx: StudyContext) -> None:
+    """decode-router.json (the answer per level) and summary.md (the report's section)."""
+    folder = ctx.out / FOLDER
+    levels = []
+    for level in ctx.budget.claim_levels:
+        ev = level_evidence(folder, folder / f"compare-{sparsity_label(level)}" / "compare.json")
+        if ev is not None:
+            levels.append({"level": ev["level"], "method": ev["method"], "answer": ev["answer"],
+                           "worst_domain": ev["worst"],
+                           "decode": [{k: (v.to_json() if isinstance(v, Speed) else v) for k, v in d.items()}
+                                      for d in ev["decode"]]})
+    atomic_write_text(folder / "summary.md", "\n".join([CAPTION, "", *folder_lines(folder, ctx.model_name)]).rstrip()
+                      + "\n")
+    atomic_write_text(output(ctx), json.dumps({"model": ctx.model_name, "levels": levels}, indent=1) + "\n")
