@@ -150,3 +150,33 @@ def test_a_local_plan_on_blocked_sliding_layers_equals_it_on_the_models_kernel()
     restore_dense(m)
     assert torch.allclose(out, ref, atol=1e-5)
     assert not torch.allclose(ref, dense, atol=1e-3)  # the local layers changed the result
+
+
+@pytest.mark.parametrize("family", ["gemma3", "mistral"])
+def test_a_selective_plan_on_blocked_sliding_layers_equals_it_on_the_models_kernel(family):
+    """The blocked kernel is the CPU default (--sliding-kernel auto): OrthoRank's selective layers in sliding layers
+    run under it (fit-thresholds on Gemma 3 once stopped on 'orthorank_sliding'), and give what they give under SDPA."""
+    import dataclasses
+
+    from conftest import model_signature
+    from orthorank.method.apply import apply_plan, restore_dense
+    from orthorank.method.cost import Arch
+    from orthorank.method.plan import Plan
+    from orthorank.method.selection import SelectionConfig
+
+    m = _model(family, torch.float32)
+    n = m.config.num_hidden_layers
+    layers = list(range(1, n))
+    plan = Plan("orthorank", layers, "tiny", model_signature(m), selection=SelectionConfig(ratio=0.4),
+                arch=dataclasses.asdict(Arch.from_config(m.config, n)))
+    ids = _ids(60, 7)
+    dense = m(ids).logits
+    apply_plan(m, plan)
+    ref = m(ids).logits
+    undo = sa.use_blocked_sliding(m)
+    assert sa.kernel_name(m) == "blocked"
+    out = m(ids).logits
+    undo()
+    restore_dense(m)
+    assert torch.allclose(out, ref, atol=1e-5)
+    assert not torch.allclose(ref, dense, atol=1e-3)  # the selective layers changed the result

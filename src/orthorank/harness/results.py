@@ -46,6 +46,15 @@ def git_commit() -> str | None:
 
 
 _COMMAND: list[str] | None = None
+_KERNELS: dict[str, str] = {}  # kernels a command chose that change speed, never answers (environment() lists them)
+
+
+def record_kernel(what: str, name: str | None) -> None:
+    """name None: nothing of that kind ran (one process may load several models, as the tests do)."""
+    if name is None:
+        _KERNELS.pop(what, None)
+    else:
+        _KERNELS[what] = name
 
 
 def record_command(argv: list[str] | None) -> list[str] | None:
@@ -78,6 +87,8 @@ def environment(device: torch.device | str | None = None) -> dict[str, Any]:
         "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "command_line": command_line(),
     }
+    if _KERNELS:
+        env["kernels"] = dict(_KERNELS)
     try:
         import lm_eval  # lazily: optional dependency
 

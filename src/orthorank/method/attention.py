@@ -38,6 +38,9 @@ BACKENDS: dict[str, str] = {
     "eager": "eager",
     "flex_attention": "flex",
     "flash_attention_2": "sdpa",
+    # models/sliding_attention.py's blocked kernel: SDPA's masks, and the selective SDPA path already reads only
+    # the keys a sliding layer's window reaches
+    "orthorank_sliding": "sdpa",
 }
 
 

@@ -158,7 +158,7 @@ def install(attn: torch.nn.Module, cfg: LocalAttention):
     from transformers import AttentionInterface  # lazily, as above: plans load without the modeling code
 
     original = attn.config._attn_implementation or "sdpa"
-    if original not in ("sdpa", "eager"):
+    if original not in ("sdpa", "eager", "orthorank_sliding"):  # the last: the blocked sliding kernel, SDPA's masks
         raise UserError(f"local attention runs on models loaded with sdpa or eager attention, not {original!r}")
     AttentionInterface.register(IMPLEMENTATION, hf_local_attention)
     shared = attn.config

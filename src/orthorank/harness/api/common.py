@@ -18,6 +18,7 @@ from orthorank.method.selection import SelectionConfig
 from orthorank.models.catalog import SHIPPED, package_gguf, shipped_by_package
 from orthorank.models.loading import SHAPES, LoadedModel, gguf_model_name, load_model, package_model_name
 from orthorank.harness.peak_memory import start_meter
+from orthorank.harness.results import record_kernel
 from orthorank.harness.runtime.memory import check_fits
 from orthorank.harness.store import ResultStore
 
@@ -67,13 +68,29 @@ def load_model_from_options(opts: Options) -> LoadedModel:
                     num_layers=getattr(opts, "num_layers", None), max_memory=getattr(opts, "max_memory", None),
                     offload_dir=getattr(opts, "offload_dir", None))
     print(lm.description(), file=sys.stderr, flush=True)
-    if getattr(opts, "sliding_kernel", "model") == "blocked":
-        from orthorank.models.sliding_attention import kernel_name, use_blocked_sliding
-
-        use_blocked_sliding(lm.model)
-        print(f"sliding-window layers: {kernel_name(lm.model)} kernel", file=sys.stderr, flush=True)
+    _use_sliding_kernel(lm, getattr(opts, "sliding_kernel", "model"))
     start_meter(lm.device)  # result files record the peak above the model from here on
     return lm
+
+
+def sliding_kernel_choice(requested: str, device: torch.device) -> str:
+    """auto: the blocked kernel on a CPU, where it was measured faster and exact (docs/design.md), the model's own
+    elsewhere (a GPU's SDPA kernels already skip what a window masks)."""
+    if requested == "auto":
+        return "blocked" if torch.device(device).type == "cpu" else "model"
+    return requested
+
+
+def _use_sliding_kernel(lm: LoadedModel, requested: str) -> None:
+    from orthorank.models.sliding_attention import kernel_name, use_blocked_sliding
+
+    if sliding_kernel_choice(requested, lm.device) == "blocked":
+        use_blocked_sliding(lm.model)
+    name = kernel_name(lm.model)
+    # a model with sliding-window layers: every result file says which kernel ran them
+    record_kernel("sliding_window", None if name == "none" else name)
+    if name != "none":
+        print(f"sliding-window layers: {name} kernel", file=sys.stderr, flush=True)
 
 
 def check_memory(lm: LoadedModel, batch: int, tokens: int, what: str, *, loss: bool = False,

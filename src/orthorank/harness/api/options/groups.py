@@ -37,11 +37,13 @@ class ModelOptions(Options):
     offload_dir: str | None = flag("--offload-dir", default=None, group=MODEL_GROUP,
                                    help="folder for weights offloaded to disk under --max-memory (default: none; a "
                                         "model that needs disk offload then stops with an error)")
-    sliding_kernel: str = flag("--sliding-kernel", default="model", choices=("model", "blocked"), group=MODEL_GROUP,
+    sliding_kernel: str = flag("--sliding-kernel", default="auto", choices=("auto", "model", "blocked"),
+                               group=MODEL_GROUP,
                                help="sliding-window layers' prefill: the model's own attention (transformers' SDPA "
-                                    "over every key with a band mask) or the exact blocked kernel that reads only the "
-                                    "window's keys (models/sliding_attention.py; dense and every plan alike) (default "
-                                    "%(default)s)")
+                                    "over every key with a band mask), the exact blocked kernel that reads only the "
+                                    "window's keys (models/sliding_attention.py; dense and every plan alike), or auto: "
+                                    "blocked on a CPU, the model's own elsewhere; result files record it under "
+                                    "environment.kernels (default %(default)s)")
 
 
 @dataclass(kw_only=True)
