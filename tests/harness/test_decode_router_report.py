@@ -64,3 +64,24 @@ def test_the_summary_states_the_answer(tmp_path):
     times["router-causal"] = [0.79, 0.83, 0.8, 0.8, 0.81]
     (d / "bench-decode-0.1-b1-n8.json").write_text(json.dumps(_bench(times, 0.2)))
     assert "at SLEB's batch-1 decode speed: **yes**" in summarize(tmp_path)
+
+
+def test_the_summary_gives_fitting_time_and_says_where_the_router_was_forced(tmp_path):
+    d = tmp_path / "tiny"
+    (d / "compare-0.1").mkdir(parents=True)
+
+    def plan(router_nll: float) -> dict:
+        return {"provenance": {"search_seconds": 10.0, "thresholds_fit": {"seconds": 3.0},
+                               "router_fit": {"seconds": 20.0, "kept": "router",
+                                              "held_out_nll": {"orthogonal": 4.0, "router": router_nll}}}}
+
+    def write(router_nll: float) -> str:
+        (d / "compare-0.1" / "compare.json").write_text(json.dumps({
+            "windows": 4, "seq_len": 32, "plans": [{"provenance": {}}, plan(router_nll)],
+            "worst_domain": [{"method": "router-searched-causal", "vs": "sleb", "worst_dataset": "a",
+                              "datasets": ["a"], "ratio": 0.9, "ci95": [0.8, 0.95], "verdict": "lower everywhere"}]}))
+        return summarize(tmp_path)
+
+    text = write(4.1)  # the paper's rule had the lower held-out NLL: kept only because forced
+    assert "layer search 10 s, router 20 s, thresholds 3 s" in text and "router was forced" in text
+    assert "router was forced" not in write(3.9)

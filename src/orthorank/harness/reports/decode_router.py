@@ -102,7 +102,32 @@ def level_evidence(folder: Path, compare: Path) -> dict[str, Any] | None:
     batch1 = next((d["vs_sleb"] for d in decode if d["batch"] == 1), None)
     return {"level": level, "method": worst["method"], "worst": worst, "domains": len(worst["datasets"]),
             "windows": "/".join(map(str, sizes)), "seq_len": data["seq_len"], "decode": decode,
+            "fit": fit_record(data.get("plans", [])),
             "answer": answer(worst["verdict"], None if batch1 is None else batch1.verdict)}
+
+
+def fit_record(plans: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """From the causal plan's provenance: the router's and the thresholds' fitting seconds, and whether the router
+    was forced (`fit-router --always-route`: kept though the paper's rule had the lower held-out calibration NLL)."""
+    plan = next((p for p in plans if "thresholds_fit" in p.get("provenance", {})), None)
+    if plan is None:
+        return None
+    prov = plan["provenance"]
+    router = prov.get("router_fit", {})
+    nll = router.get("held_out_nll", {})
+    forced = router.get("kept") == "router" and nll.get("router", 0.0) > nll.get("orthogonal", float("inf"))
+    return {"search_seconds": prov.get("search_seconds"), "router_seconds": router.get("seconds"),
+            "thresholds_seconds": prov["thresholds_fit"].get("seconds"), "forced": forced}
+
+
+def _fit_text(fit: dict[str, Any] | None) -> str:
+    if not fit:
+        return ""
+    parts = [f"{fit[k]:.0f} s" if fit.get(k) is not None else "-"
+             for k in ("search_seconds", "router_seconds", "thresholds_seconds")]
+    forced = (" The router was forced (`fit-router --always-route`): on held-out calibration windows the paper's "
+              "rule was better, but it is not causal." if fit["forced"] else "")
+    return f" Fitting on 2 cores: layer search {parts[0]}, router {parts[1]}, thresholds {parts[2]}.{forced}"
 
 
 def level_lines(name: str, ev: dict[str, Any]) -> list[str]:
@@ -111,7 +136,7 @@ def level_lines(name: str, ev: dict[str, Any]) -> list[str]:
     lines = [f"**{name} at {ev['level']}** ({ev['method']}, {ev['domains']} domains x {ev['windows']} windows of "
              f"{ev['seq_len']} tokens): worst-domain ratio to SLEB {_cell(w['ratio'], lo, hi)} on "
              f"{w['worst_dataset']}: {w['verdict']}. Better than SLEB at SLEB's batch-1 decode speed: "
-             f"**{ev['answer']}**.", ""]
+             f"**{ev['answer']}**.{_fit_text(ev.get('fit'))}", ""]
     if ev["decode"]:
         lines += ["| decode | causal vs SLEB | causal vs dense | SLEB vs dense | share updated |",
                   "|---|---|---|---|---|"]
