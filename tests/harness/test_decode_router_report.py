@@ -49,6 +49,17 @@ def test_the_answer_cannot_call_a_loss_a_win():
     # an interval across 1 decides nothing, and neither does a speed never measured
     assert answer("no difference", "faster") == UNDECIDED
     assert answer("lower everywhere", None) == UNDECIDED
+    assert answer("lower everywhere", "unresolved") == UNDECIDED
+
+
+def test_a_wide_interval_across_1_is_not_level():
+    """SmolLM2-135M at 10%, first bench: 0.967 [0.716, 1.181] reached 1, which the first rule called level and so a
+    yes, though the plan may have been 28% slower than SLEB."""
+    from orthorank.harness.reports.decode_router import Speed
+
+    assert Speed(0.967, 0.716, 1.181).verdict == "unresolved"
+    assert Speed(0.99, 0.95, 1.04).verdict == "level"
+    assert Speed(0.9, 0.85, 0.99).verdict == "slower" and Speed(1.1, 1.01, 1.2).verdict == "faster"
 
 
 def test_the_summary_states_the_answer(tmp_path):
