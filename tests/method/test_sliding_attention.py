@@ -123,23 +123,17 @@ def test_the_kernel_runs_one_call_per_block_on_the_band_it_needs(monkeypatch):
     assert seen[0] == (8, 8) and seen[-1] == (4, 12) and len(seen) == 8  # blocks of 8 queries, at most 16 keys
 
 
-def test_a_local_plan_on_blocked_sliding_layers_equals_it_on_the_models_kernel():
-    """Gemma 3's long-prompt rows (issue 55) run local attention in its full-attention layers beside the blocked
-    kernel in its sliding ones: the two compose, and the result equals the local plan under the model's own kernel."""
+def _plan_under_both_kernels(m, method: str, layers: list[int], ids: torch.Tensor, **fields):
+    """(dense logits, the plan's under the model's SDPA, the plan's under the blocked kernel)."""
     import dataclasses
 
     from conftest import model_signature
     from orthorank.method.apply import apply_plan, restore_dense
     from orthorank.method.cost import Arch
-    from orthorank.method.local_attention import LocalAttention
     from orthorank.method.plan import Plan
 
-    m = _model("gemma3", torch.float32)
-    full = [i for i, t in enumerate(m.config.layer_types) if t == "full_attention"]
-    assert full and len(full) < m.config.num_hidden_layers
-    plan = Plan("local", full, "tiny", model_signature(m), attention=LocalAttention(window=8, block=8, tail=6),
-                arch=dataclasses.asdict(Arch.from_config(m.config, m.config.num_hidden_layers)))
-    ids = _ids(60, 5)
+    plan = Plan(method, layers, "tiny", model_signature(m),
+                arch=dataclasses.asdict(Arch.from_config(m.config, m.config.num_hidden_layers)), **fields)
     dense = m(ids).logits
     apply_plan(m, plan)
     ref = m(ids).logits
@@ -148,6 +142,19 @@ def test_a_local_plan_on_blocked_sliding_layers_equals_it_on_the_models_kernel()
     out = m(ids).logits
     undo()
     restore_dense(m)
+    return dense, ref, out
+
+
+def test_a_local_plan_on_blocked_sliding_layers_equals_it_on_the_models_kernel():
+    """Gemma 3's long-prompt rows (issue 55) run local attention in its full-attention layers beside the blocked
+    kernel in its sliding ones: the two compose, and the result equals the local plan under the model's own kernel."""
+    from orthorank.method.local_attention import LocalAttention
+
+    m = _model("gemma3", torch.float32)
+    full = [i for i, t in enumerate(m.config.layer_types) if t == "full_attention"]
+    assert full and len(full) < m.config.num_hidden_layers
+    dense, ref, out = _plan_under_both_kernels(m, "local", full, _ids(60, 5),
+                                               attention=LocalAttention(window=8, block=8, tail=6))
     assert torch.allclose(out, ref, atol=1e-5)
     assert not torch.allclose(ref, dense, atol=1e-3)  # the local layers changed the result
 
@@ -156,27 +163,11 @@ def test_a_local_plan_on_blocked_sliding_layers_equals_it_on_the_models_kernel()
 def test_a_selective_plan_on_blocked_sliding_layers_equals_it_on_the_models_kernel(family):
     """The blocked kernel is the CPU default (--sliding-kernel auto): OrthoRank's selective layers in sliding layers
     run under it (fit-thresholds on Gemma 3 once stopped on 'orthorank_sliding'), and give what they give under SDPA."""
-    import dataclasses
-
-    from conftest import model_signature
-    from orthorank.method.apply import apply_plan, restore_dense
-    from orthorank.method.cost import Arch
-    from orthorank.method.plan import Plan
     from orthorank.method.selection import SelectionConfig
 
     m = _model(family, torch.float32)
-    n = m.config.num_hidden_layers
-    layers = list(range(1, n))
-    plan = Plan("orthorank", layers, "tiny", model_signature(m), selection=SelectionConfig(ratio=0.4),
-                arch=dataclasses.asdict(Arch.from_config(m.config, n)))
-    ids = _ids(60, 7)
-    dense = m(ids).logits
-    apply_plan(m, plan)
-    ref = m(ids).logits
-    undo = sa.use_blocked_sliding(m)
-    assert sa.kernel_name(m) == "blocked"
-    out = m(ids).logits
-    undo()
-    restore_dense(m)
+    layers = list(range(1, m.config.num_hidden_layers))
+    dense, ref, out = _plan_under_both_kernels(m, "orthorank", layers, _ids(60, 7),
+                                               selection=SelectionConfig(ratio=0.4))
     assert torch.allclose(out, ref, atol=1e-5)
     assert not torch.allclose(ref, dense, atol=1e-3)  # the selective layers changed the result
