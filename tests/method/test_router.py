@@ -388,18 +388,26 @@ def test_fit_router_keeps_the_paper_rule_when_no_router_beats_it(tiny_hf_folder,
     assert routed.selection.ratio <= kept.selection.ratio
 
 
-def test_a_router_score_converts_its_input_once_and_equals_the_per_term_conversions_bit_for_bit():
-    """score() converts a bfloat16 score input to float32 once for every term; each term converting on its own
-    gives the same bits (the router's stored results and plans keep their numbers)."""
+def test_a_router_score_in_cache_sized_blocks_equals_one_pass_over_the_input_bit_for_bit():
+    """score() converts a bfloat16 score input to float32 SCORE_ROWS tokens at a time on CPU; one conversion of the
+    whole input, each term converting on its own, gives the same bits (the router's stored results and plans keep
+    their numbers), with positions, two rows, and a length that is not a multiple of the block."""
+    from orthorank.method.orthogonality import SCORE_ROWS, sink_scores
     from orthorank.method.router import extra_features, random_router
 
     torch.manual_seed(0)
     layer = random_router([3], 64, seed=1).layer(3)
-    for dtype in (torch.bfloat16, torch.float32):
-        src, hidden = torch.randn(2, 50, 64).to(dtype), (5 * torch.randn(2, 50, 64)).to(dtype)
-        w_x, w_e, b = layer.folded(src.device)
-        each = torch.mv(src.reshape(-1, 64).float(), w_x).view(2, 50) + extra_features(src, hidden, src[:, 0]) @ w_e + b
-        assert torch.equal(layer.score(src, hidden, src[:, 0]), each)
+    for T in (50, 2 * SCORE_ROWS + 37):
+        positions = torch.arange(T).expand(2, T) - torch.tensor([[0], [3]])
+        for dtype in (torch.bfloat16, torch.float32):
+            src, hidden = torch.randn(2, T, 64).to(dtype), (5 * torch.randn(2, T, 64)).to(dtype)
+            w_x, w_e, b = layer.folded(src.device)
+            for pos in (None, positions):
+                each = (torch.mv(src.reshape(-1, 64).float(), w_x).view(2, T)
+                        + extra_features(src, hidden, src[:, 0], pos) @ w_e + b)
+                assert torch.equal(layer.score(src, hidden, src[:, 0], pos), each)
+            rule = torch.stack([torch.mv(src[i].float(), src[i, 0].float()) for i in range(2)]).abs()
+            assert torch.equal(sink_scores(src, src[:, 0]), rule)
 
 
 def test_the_front_door_fits_a_router_and_returns_the_plan_to_apply(tmp_path):

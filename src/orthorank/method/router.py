@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from orthorank.errors import UserError
-from orthorank.method.orthogonality import dot_float32
+from orthorank.method.orthogonality import SCORE_ROWS, dot_float32
 
 ROUTER_FORMAT = "orthorank-router/1"
 EXTRA_FEATURES = ("sink_dot", "sink_abs", "sink_cos", "log_norm_x", "log_norm_h", "log_position")
@@ -117,11 +117,18 @@ class LayerRouter:
             raise UserError(f"the router of layer {self.layer} was fitted on hidden size {w_x.shape[0]}, not "
                             f"{src.shape[-1]}")
         B, T, D = src.shape
-        # one float32 copy of the score input serves the linear score, the sink terms and the norm (each would
-        # otherwise convert a bfloat16 input again: the same values, two more passes over [B, T, D])
-        xf = src.float()
-        main = torch.mv(xf.reshape(B * T, D), w_x).view(B, T)
-        return main + extra_features(xf, hidden, sink, positions) @ w_e + b
+        if positions is None:
+            positions = torch.arange(T, device=src.device).expand(B, T)
+        # one float32 copy of each block of the score input serves the linear score, the sink terms and the norm; on
+        # CPU a block of SCORE_ROWS tokens at a time, so that the copy stays in cache (the same bits as one pass)
+        rows = T if src.is_cuda else SCORE_ROWS
+        out = torch.empty(B, T, dtype=torch.float32, device=src.device)
+        for a in range(0, T, rows):
+            e = min(T, a + rows)
+            xf = src[:, a:e].float()
+            main = torch.mv(xf.reshape(B * (e - a), D), w_x).view(B, e - a)
+            out[:, a:e] = main + extra_features(xf, hidden[:, a:e], sink, positions[:, a:e]) @ w_e + b
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         out = {"weight": list(self.weight), "bias": self.bias, "mean": list(self.mean), "scale": list(self.scale)}
