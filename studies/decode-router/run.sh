@@ -12,7 +12,8 @@
 # Where the router fit declined the router for a level (Gemma 3 270M at 10%: router-searched-0.1.json keeps the paper's
 # rule), a router is fitted on the same layers anyway (fit-router --always-route, re-matched to the same compute:
 # router-forced-<s>.json), since the paper's top-K rule is not causal and cannot decode per token.
-#   studies/decode-router/run.sh [MODEL ...]   (default smollm2-135m; LEVELS="0.1 0.2"; BENCH=0)
+#   studies/decode-router/run.sh [MODEL ...]   (default smollm2-135m; LEVELS="0.1 0.2"; BENCH=0; REPEATS=5 timing
+#   rounds; SPECS="1:128 32:32" the batch:new-tokens benches; delete a bench's json to time it again)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 O=${O:-.venv/bin/orthorank}
@@ -45,10 +46,10 @@ for m in $MODELS; do
       --out $d/compare-$s --overwrite 2> $d/compare-$s.log
     # batch 1: 128 new tokens; batch 32: 32 (a first look: 128 at batch 32 takes about 20 minutes on 2 cores)
     [ "$BENCH" = 1 ] || continue
-    for spec in 1:128 32:32; do
+    for spec in ${SPECS:-1:128 32:32}; do
       b=${spec%%:*}; n=${spec##*:}; f=$d/bench-decode-$s-b$b-n$n
       [ -f $f.json ] || $O bench --model $m --sparsity $s --methods dense,sleb,shortgpt,router-searched-causal \
-        --mode decode --batch-size $b --seq-len 256 --new-tokens $n --repeats 5 --prompt-text mix --dtype bfloat16 \
+        --mode decode --batch-size $b --seq-len 256 --new-tokens $n --repeats ${REPEATS:-5} --prompt-text mix --dtype bfloat16 \
         --threads 2 --json $f.json > $f.log 2>&1
     done
   done
