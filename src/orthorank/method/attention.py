@@ -31,6 +31,7 @@ from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 from orthorank.errors import UserError
 from orthorank.method import attention_split
+from orthorank.models.sliding_attention import IMPLEMENTATION as SLIDING
 
 # model attention implementation -> selective backend (flash models: SDPA math, the same masking semantics)
 BACKENDS: dict[str, str] = {
@@ -40,7 +41,7 @@ BACKENDS: dict[str, str] = {
     "flash_attention_2": "sdpa",
     # models/sliding_attention.py's blocked kernel: SDPA's masks, and the selective SDPA path already reads only
     # the keys a sliding layer's window reaches
-    "orthorank_sliding": "sdpa",
+    SLIDING: "sdpa",
 }
 
 

@@ -42,6 +42,7 @@ import torch.nn.functional as F
 from orthorank.errors import UserError
 from orthorank.method import local_kernel
 from orthorank.method.sequence_context import padding_from_4d
+from orthorank.models.sliding_attention import IMPLEMENTATION as SLIDING
 
 
 @dataclass(frozen=True)
@@ -158,8 +159,9 @@ def install(attn: torch.nn.Module, cfg: LocalAttention):
     from transformers import AttentionInterface  # lazily, as above: plans load without the modeling code
 
     original = attn.config._attn_implementation or "sdpa"
-    if original not in ("sdpa", "eager", "orthorank_sliding"):  # the last: the blocked sliding kernel, SDPA's masks
-        raise UserError(f"local attention runs on models loaded with sdpa or eager attention, not {original!r}")
+    if original not in ("sdpa", "eager", SLIDING):  # the last: the blocked sliding kernel, SDPA's masks
+        raise UserError(f"local attention runs on models loaded with sdpa, eager or {SLIDING} (the blocked "
+                        f"sliding-window kernel) attention, not {original!r}")
     AttentionInterface.register(IMPLEMENTATION, hf_local_attention)
     shared = attn.config
     own = copy.copy(shared)
