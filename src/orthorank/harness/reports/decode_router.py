@@ -103,7 +103,7 @@ def level_evidence(folder: Path, compare: Path) -> dict[str, Any] | None:
     sizes = sorted(set(windows.values())) if isinstance(windows, dict) else [windows]
     decode = []
     for run, row in decode_runs(folder, level):
-        decode.append({"batch": run["batch"], "new_tokens": run["new_tokens"],
+        decode.append({"batch": run["batch"], "new_tokens": run["new_tokens"], "rounds": run.get("repeats"),
                        "vs_sleb": speed(run, row["method"], "sleb"), "vs_dense": speed(run, row["method"], "dense"),
                        "sleb_vs_dense": speed(run, "sleb", "dense"), "share": row.get("decoded_tokens_updated")})
     batch1 = next((d["vs_sleb"] for d in decode if d["batch"] == 1), None)
@@ -137,6 +137,10 @@ def _fit_text(fit: dict[str, Any] | None) -> str:
     return f" Fitting on 2 cores: layer search {parts[0]}, router {parts[1]}, thresholds {parts[2]}.{forced}"
 
 
+def _rounds(d: dict[str, Any]) -> str:
+    return f", {d['rounds']} rounds" if d.get("rounds") else ""
+
+
 def level_lines(name: str, ev: dict[str, Any]) -> list[str]:
     w = ev["worst"]
     lo, hi = w["ci95"]
@@ -147,7 +151,7 @@ def level_lines(name: str, ev: dict[str, Any]) -> list[str]:
     if ev["decode"]:
         lines += ["| decode | causal vs SLEB | causal vs dense | SLEB vs dense | share updated |",
                   "|---|---|---|---|---|"]
-        lines += [f"| batch {d['batch']}, {d['new_tokens']} new tokens | {_fmt(d['vs_sleb'])} | {_fmt(d['vs_dense'])} "
+        lines += [f"| batch {d['batch']}, {d['new_tokens']} new tokens{_rounds(d)} | {_fmt(d['vs_sleb'])} | {_fmt(d['vs_dense'])} "
                   f"| {_fmt(d['sleb_vs_dense'])} | {'-' if d['share'] is None else format(d['share'], '.3f')} |"
                   for d in ev["decode"]]
         lines.append("")
