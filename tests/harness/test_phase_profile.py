@@ -102,3 +102,40 @@ def test_bench_layer_mode_runs_a_plans_selection_layer_and_splits_it_into_phases
     assert "excess" in capsys.readouterr().out
     assert main([*base, "--layer-index", "3"]) == 2
     assert "not a selection layer" in capsys.readouterr().err
+
+
+def test_layer_mode_gives_a_sliding_layer_its_band_as_the_models_forward_does():
+    """`bench --mode layer` on a sliding-window layer: the dense call reads only the window (the band mask a model's
+    forward passes, under which the blocked sliding kernel runs), not every key causally; its output equals the
+    layer inside the model's own forward."""
+    from conftest import tiny_model
+    from orthorank.harness.speed.layer_mode import _layer_calls, band_mask
+    from orthorank.harness.speed.runner import RunSettings
+    from orthorank.method.selection import SelectionConfig
+    from orthorank.models.adapters import get_adapter
+
+    T, window = 40, 16
+    assert torch.equal(band_mask(5, 2, torch.device("cpu"))[0, 0].int(),
+                       torch.tensor([[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [0, 1, 1, 0, 0], [0, 0, 1, 1, 0],
+                                     [0, 0, 0, 1, 1]]))
+    model = tiny_model("gemma3", layers=2)
+    assert model.config.layer_types[0] == "sliding_attention" and model.config.sliding_window == window
+    adapter = get_adapter(model)
+    layer = adapter.layers(model)[0]
+    settings = RunSettings(mode="layer", batch=1, seq_len=T)
+    with torch.inference_mode():
+        fns, path, _ = _layer_calls(model, adapter, layer, 0, SelectionConfig(), settings, torch.device("cpu"))
+        assert path == "window"
+        # the mask the layer gets in the benchmark's dense call and in the model's own forward, captured by a hook
+        seen = {}
+        handle = layer.register_forward_hook(lambda m, a, k, out: seen.update(mask=k.get("attention_mask")),
+                                             with_kwargs=True)  # returns None: the output stays the layer's
+        fns["dense_layer"]()
+        bench_mask = seen.pop("mask")
+        model(torch.randint(0, model.config.vocab_size, (1, T)))
+        handle.remove()
+    band = band_mask(T, window, torch.device("cpu"))[0, 0]
+    for mask in (bench_mask, seen["mask"]):
+        assert mask is not None
+        allowed = mask if mask.dtype == torch.bool else mask == 0
+        assert torch.equal(allowed[0, 0], band)

@@ -60,6 +60,13 @@ def run_layer(model: nn.Module, selection: SelectionConfig, settings: RunSetting
     return _layer_report(model.config, selection, settings, idx, stats, path, len(chunks), prof)
 
 
+def band_mask(T: int, window: int, device: torch.device) -> torch.Tensor:
+    """[1, 1, T, T] bool: query q attends to key k where k <= q and q - k < window (transformers' sliding mask)."""
+    i = torch.arange(T, device=device)
+    d = i[:, None] - i[None, :]
+    return ((d >= 0) & (d < window))[None, None]
+
+
 def _layer_calls(model: nn.Module, adapter: FamilyAdapter, layer: nn.Module, idx: int, selection: SelectionConfig,
                  settings: RunSettings, device: torch.device
                  ) -> tuple[dict[str, Callable[[], Any]], str, list[tuple[int, int]]]:
@@ -73,9 +80,12 @@ def _layer_calls(model: nn.Module, adapter: FamilyAdapter, layer: nn.Module, idx
     h = torch.randn(B, T, cfg.hidden_size, generator=gen).to(device=device, dtype=dtype)
     pos = torch.arange(T, device=device).unsqueeze(0)
     pos_emb = adapter.position_embeddings(model, h, pos, idx)
-    kwargs = dict(attention_mask=None, position_ids=pos, position_embeddings=pos_emb, use_cache=False)
     context = SequenceContext()
     wrapper = SelectiveLayer(layer, adapter, selection, context, idx)
+    # A sliding-window layer gets its band as a 4D mask, as a model's forward gives it (without one the dense layer
+    # would attend causally to every key and the blocked sliding kernel would not run); a full-attention layer none
+    mask = None if wrapper._window is None or wrapper._window >= T else band_mask(T, wrapper._window, device)
+    kwargs = dict(attention_mask=mask, position_ids=pos, position_embeddings=pos_emb, use_cache=False)
     x = adapter.attention_input(layer, h)
     src = adapter.score_input(h, x) if selection.source == "normed" else h
     sink = src[:, 0]
