@@ -2,7 +2,8 @@
 
 A router's score (method/router.py) and the paper's sink dot product (method/orthogonality.py) sum in float32 over a
 bfloat16 input. Converting the whole [T, D] input at once writes and re-reads a float32 copy that does not fit in
-cache; converting SCORE_ROWS tokens at a time keeps it there. This times both on random inputs of SmolLM2-135M's
+cache; converting SCORE_ROWS tokens at a time keeps it there (the library does so from SCORE_BLOCKS_FROM tokens on, so
+below that both rows run one pass). This times both on random inputs of SmolLM2-135M's
 shape (a random router), one thread, interleaved rounds, and checks that they give the same bits.
 
     .venv/bin/python scripts/score_rows.py --out scripts/results/selection-speed/score-rows.json
@@ -73,9 +74,10 @@ def main() -> int:
     p.add_argument("--lengths", default="1024,4096,8192")
     p.add_argument("--hidden", type=int, default=576)
     p.add_argument("--rounds", type=int, default=9)
+    p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
     load_before = os.getloadavg()
     rows = []
     for T in (int(x) for x in args.lengths.split(",")):
@@ -86,7 +88,7 @@ def main() -> int:
               f"{row['router_speedup']['high']:.2f}]); rule {row['ms']['rule_one_pass']:.2f} -> "
               f"{row['ms']['rule_blocks']:.2f} ms; same bits {row['same_bits']}", flush=True)
     if args.out:
-        body = {"command": " ".join(["scripts/score_rows.py", *sys.argv[1:]]), "rounds": args.rounds, "threads": 1,
+        body = {"command": " ".join(["scripts/score_rows.py", *sys.argv[1:]]), "rounds": args.rounds, "threads": args.threads,
                 "score_rows": SCORE_ROWS, "load_before": [round(x, 2) for x in load_before],
                 "load_after": [round(x, 2) for x in os.getloadavg()], "rows": rows, "environment": environment("cpu")}
         atomic_write_text(args.out, json.dumps(body, indent=1) + "\n")

@@ -391,13 +391,13 @@ def test_fit_router_keeps_the_paper_rule_when_no_router_beats_it(tiny_hf_folder,
 def test_a_router_score_in_cache_sized_blocks_equals_one_pass_over_the_input_bit_for_bit():
     """score() converts a bfloat16 score input to float32 SCORE_ROWS tokens at a time on CPU; one conversion of the
     whole input, each term converting on its own, gives the same bits (the router's stored results and plans keep
-    their numbers), with positions, two rows, and a length that is not a multiple of the block."""
-    from orthorank.method.orthogonality import SCORE_ROWS, sink_scores
+    their numbers), with positions, two rows, below the blocks' length and at one that is not a multiple of a block."""
+    from orthorank.method.orthogonality import SCORE_BLOCKS_FROM, sink_scores
     from orthorank.method.router import extra_features, random_router
 
     torch.manual_seed(0)
     layer = random_router([3], 64, seed=1).layer(3)
-    for T in (50, 2 * SCORE_ROWS + 37):
+    for T in (50, SCORE_BLOCKS_FROM + 37):
         positions = torch.arange(T).expand(2, T) - torch.tensor([[0], [3]])
         for dtype in (torch.bfloat16, torch.float32):
             src, hidden = torch.randn(2, T, 64).to(dtype), (5 * torch.randn(2, T, 64)).to(dtype)

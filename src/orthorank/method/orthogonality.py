@@ -21,10 +21,19 @@ def sink_scores(x: torch.Tensor, sink: torch.Tensor, criterion: str = "dot") -> 
     return dot.abs()
 
 
-# Tokens per float32 pass on CPU: a bfloat16 score input converted [SCORE_ROWS, D] at a time stays in cache, where one
-# conversion of the whole [T, D] input went out to memory and back (a router's score at 1k-8k tokens on SmolLM2's
-# shape, one thread: 3-5x faster, the same bits; scripts/score_rows.py).
+# Tokens per float32 pass on CPU, from SCORE_BLOCKS_FROM tokens on: a bfloat16 score input converted [SCORE_ROWS, D]
+# at a time stays in cache, where one conversion of the whole [T, D] input goes out to memory and back. Alone, a
+# router's score at 4k-8k tokens on SmolLM2's shape ran 1.2-2.4x faster this way (scripts/score_rows.py, 1 and 2
+# threads); at 1k the gain was within noise, and the whole selection layer, timed with each in turn, was no faster at
+# 4k-8k and slower at 1k (scripts/results/selection-speed/score-blocks/), so shorter inputs keep one pass. The same
+# bits either way (tests/method/test_router.py).
 SCORE_ROWS = 256
+SCORE_BLOCKS_FROM = 4096
+
+
+def score_rows(T: int, x: torch.Tensor) -> int:
+    """Tokens per float32 pass for a [B, T, D] score input."""
+    return SCORE_ROWS if T >= SCORE_BLOCKS_FROM and not x.is_cuda else T
 
 
 # CUDA only: bmm(bf16/fp16, out_dtype=float32) sums in float32 without a float32 copy of x. None = not yet tried.
@@ -40,9 +49,9 @@ def dot_float32(x: torch.Tensor, sink: torch.Tensor) -> torch.Tensor:
         # slower in MKL/oneDNN, and B is small here.
         out = torch.empty(x.shape[:2], dtype=torch.float32, device=x.device)
         for b in range(x.shape[0]):
-            s = sink[b].float()
-            for a in range(0, x.shape[1], SCORE_ROWS):
-                torch.mv(x[b, a:a + SCORE_ROWS].float(), s, out=out[b, a:a + SCORE_ROWS])
+            s, rows = sink[b].float(), score_rows(x.shape[1], x)
+            for a in range(0, x.shape[1], rows):
+                torch.mv(x[b, a:a + rows].float(), s, out=out[b, a:a + rows])
         return out
     if x.dtype in (torch.float16, torch.bfloat16) and BMM_OUT_DTYPE_OK is not False:
         s = sink.to(x.dtype).unsqueeze(-1)

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from orthorank.errors import UserError
-from orthorank.method.orthogonality import SCORE_ROWS, dot_float32
+from orthorank.method.orthogonality import dot_float32, score_rows
 
 ROUTER_FORMAT = "orthorank-router/1"
 EXTRA_FEATURES = ("sink_dot", "sink_abs", "sink_cos", "log_norm_x", "log_norm_h", "log_position")
@@ -120,8 +120,9 @@ class LayerRouter:
         if positions is None:
             positions = torch.arange(T, device=src.device).expand(B, T)
         # one float32 copy of each block of the score input serves the linear score, the sink terms and the norm; on
-        # CPU a block of SCORE_ROWS tokens at a time, so that the copy stays in cache (the same bits as one pass)
-        rows = T if src.is_cuda else SCORE_ROWS
+        # CPU from SCORE_BLOCKS_FROM tokens on a block of SCORE_ROWS tokens at a time, so that the copy stays in cache
+        # (the same bits as one pass)
+        rows = score_rows(T, src)
         out = torch.empty(B, T, dtype=torch.float32, device=src.device)
         for a in range(0, T, rows):
             e = min(T, a + rows)
