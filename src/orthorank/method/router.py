@@ -123,6 +123,9 @@ class LayerRouter:
         # CPU from SCORE_BLOCKS_FROM tokens on a block of SCORE_ROWS tokens at a time, so that the copy stays in cache
         # (the same bits as one pass)
         rows = score_rows(T, src)
+        if rows >= T:  # one pass (decode steps among them): no slices or output copy in the per-token hot path
+            xf = src.float()
+            return torch.mv(xf.reshape(B * T, D), w_x).view(B, T) + extra_features(xf, hidden, sink, positions) @ w_e + b
         out = torch.empty(B, T, dtype=torch.float32, device=src.device)
         for a in range(0, T, rows):
             e = min(T, a + rows)
