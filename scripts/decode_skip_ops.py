@@ -18,6 +18,7 @@ a dense layer's. Counts, not times: deterministic, and valid on a busy machine.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import collections
 import json
 import sys
@@ -50,11 +51,14 @@ def step_events(model, prompt: torch.Tensor, warm_steps: int = 3) -> collections
 
 
 def force(model, cutoff: float) -> None:
-    """Every selection layer's cut-off (a token is updated where its key, minus its score, is at most it)."""
+    """Every selection layer's cut-off (a token is updated where its key, minus its score, is at most it; the
+    one-token step compares the score with the threshold, minus the cut-off)."""
     for layer in model.model.layers:
         sel = selective(layer)
         if sel is not None:
             sel._fixed_cutoff = torch.tensor([cutoff], dtype=torch.float32)
+            sel._fitted = dataclasses.replace(sel._fitted, threshold=-cutoff, _cache={})
+            sel._step = None
 
 
 def main() -> int:

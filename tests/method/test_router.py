@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import struct
 
 import pytest
@@ -430,3 +431,23 @@ def test_the_front_door_fits_a_router_and_returns_the_plan_to_apply(tmp_path):
     orthorank.apply_plan(m, routed)
     assert torch.isfinite(m(windows[:1]).logits).all()
     orthorank.restore_dense(m)
+
+
+def test_the_one_token_step_score_equals_the_general_score_to_rounding():
+    """A batch-1 decoding step scores its token with StepScorer (a few operator calls and host arithmetic); every
+    token of a sequence scored that way equals LayerRouter.score to float32 rounding, in bfloat16 and float32, and a
+    non-finite input gives a non-finite score for the layer to refuse."""
+    from orthorank.method.router import random_router
+
+    torch.manual_seed(1)
+    layer = random_router([2], 64, seed=3).layer(2)
+    T = 40
+    for dtype in (torch.bfloat16, torch.float32):
+        src, hidden = torch.randn(1, T, 64).to(dtype), (5 * torch.randn(1, T, 64)).to(dtype)
+        general = layer.score(src, hidden, src[:, 0])[0]
+        step = layer.step_scorer(src[:, 0])
+        ones = torch.tensor([step(src[:, t:t + 1], hidden[:, t:t + 1], t) for t in range(T)])
+        assert torch.allclose(ones, general, rtol=1e-5, atol=1e-5 * float(general.abs().max()))
+    bad = src[:, 1:2].clone()
+    bad[0, 0, 0] = float("nan")
+    assert not math.isfinite(step(bad, hidden[:, 1:2], 1))

@@ -18,6 +18,7 @@ Cost: everything except the input norm, K/V projections and RoPE on K runs on th
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 import torch
@@ -30,6 +31,7 @@ from orthorank.method.attention_routing import (RowCall, gather_rows, key_keep, 
 from orthorank.method.phase_marks import phase
 from orthorank.method.policies import FITTED, always_update
 from orthorank.method.policy_inputs import Chunk, Scoring
+from orthorank.method.router import StepScorer
 from orthorank.method.selection import SelectionConfig, keep_to_indices, top_k_indices, topk_keep_mask
 from orthorank.method.sequence_context import Facts, SequenceContext
 from orthorank.models.adapters import FamilyAdapter
@@ -111,6 +113,8 @@ class SelectiveLayer:
         self._fixed_cutoff = (torch.tensor([-self._fitted.threshold], dtype=torch.float32)
                               if config.decode == "causal" else None)
         self.on_keys: Callable[[torch.Tensor, torch.Tensor | None], None] | None = None  # (keys, valid): fit-thresholds
+        self._step: tuple[torch.Tensor, StepScorer] | None = None  # (sink state, its one-token scorer): causal steps
+        self._step_indices: dict[tuple[int, torch.device], torch.Tensor] = {}
 
     @property
     def backend(self) -> str:
@@ -344,12 +348,34 @@ class SelectiveLayer:
                         kwargs: dict[str, Any], cache: Any, facts: Facts, past: int) -> Any:
         """One new token of one sequence under the threshold policy: the general path's decision (its key against
         the prefill's cut-off; the sink lies in the cache), then the dense layer or the bypass."""
-        keys = self._scores(src, self._sink_state, facts, 1, 1, past)  # [1, 1]
-        kept = bool(keys[0, 0] <= self._cutoff[0])  # the step's one host read
-        self._last = (torch.zeros(1, int(kept), dtype=torch.long, device=hidden_states.device), None, 1)
+        if self.config.decode == "causal":  # the router's score against its fixed threshold, decided on the host
+            score = self._step_scorer()(src, hidden_states, past)  # the step's one host read
+            if not math.isfinite(score):
+                raise NonFiniteHiddenStates(f"layer {self.layer_index}: hidden states contain NaN or inf; OrthoRank "
+                                            "cannot rank tokens on them (check the model's dtype and weights)")
+            kept = score >= self._fitted.threshold
+        else:
+            keys = self._scores(src, self._sink_state, facts, 1, 1, past)  # [1, 1]
+            kept = bool(keys[0, 0] <= self._cutoff[0])  # the step's one host read
+        self._last = (self._step_index(int(kept), hidden_states.device), None, 1)
         if kept:  # the selected query attends to every key: the dense layer's update on this one token
             return self.inner(hidden_states, *args, **kwargs)
         return self._bypass(hidden_states, x, kwargs, cache)
+
+    def _step_scorer(self) -> StepScorer:
+        """The router's one-token score against this sequence's sink state, built once per prefill."""
+        got = self._step
+        if got is None or got[0] is not self._sink_state:
+            got = self._step = (self._sink_state, self._fitted.step_scorer(self._sink_state))
+        return got[1]
+
+    def _step_index(self, kept: int, device: torch.device) -> torch.Tensor:
+        """[1, kept] zeros: the position a one-token step updated (none or the token), made once per device."""
+        key = (kept, device)
+        got = self._step_indices.get(key)
+        if got is None:
+            got = self._step_indices[key] = torch.zeros(1, kept, dtype=torch.long, device=device)
+        return got
 
     def _bypass(self, hidden_states: torch.Tensor, x: torch.Tensor, kwargs: dict[str, Any], cache: Any) -> torch.Tensor:
         """No token updated: only every token's keys and values go into the cache; the states pass unchanged."""

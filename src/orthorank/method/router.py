@@ -134,11 +134,57 @@ class LayerRouter:
             out[:, a:e] = main + extra_features(xf, hidden[:, a:e], sink, positions[:, a:e]) @ w_e + b
         return out
 
+    def step_scorer(self, sink: torch.Tensor) -> "StepScorer":
+        """The score of one token at a time against this sink state [1, D] (a batch-1 decoding step)."""
+        w_x, w_e, b = self.folded(sink.device)
+        if w_x.shape[0] != sink.shape[-1]:
+            raise UserError(f"the router of layer {self.layer} was fitted on hidden size {w_x.shape[0]}, not "
+                            f"{sink.shape[-1]}")
+        sink_f = sink.reshape(-1).float()
+        norm_s = torch.linalg.vector_norm(sink.reshape(1, -1), dim=-1, dtype=torch.float32)
+        return StepScorer(torch.stack([w_x, sink_f]), np.float32(norm_s.item()),
+                          tuple(np.float32(v) for v in w_e.tolist()), np.float32(b))
+
     def to_dict(self) -> dict[str, Any]:
         out = {"weight": list(self.weight), "bias": self.bias, "mean": list(self.mean), "scale": list(self.scale)}
         if self.threshold is not None:  # absent otherwise: ranking routers keep their files and digests
             out["threshold"] = self.threshold
         return out
+
+
+@dataclass(frozen=True)
+class StepScorer:
+    """LayerRouter.score for one token, in a few operator calls: at batch 1 a decoding step is dispatch-bound, and
+    the general score's [B, T] feature tensors cost about a hundred small calls per layer (scripts/decode_skip_ops.py).
+
+    The two length-D products (the linear score and the sink dot product) run as one matrix-vector product and the
+    two norms as in the general score, in float32; the six features, their weights and the bias are then combined on
+    the host in float32 (numpy), in the general score's order of operations. Equal to `LayerRouter.score` up to
+    rounding in the logarithms and the order of the six-term sum (tests/method/test_causal_router.py): a token whose
+    score lies within about 1e-6 of the threshold may decide differently when generated than teacher-forced.
+    """
+
+    rows: torch.Tensor  # [2, D] float32: the folded weight over x, and the sink state
+    norm_s: np.float32  # ||x_sink||
+    w_extra: tuple  # 6 x np.float32, in EXTRA_FEATURES order
+    bias: np.float32
+
+    def __call__(self, src: torch.Tensor, hidden: torch.Tensor, position: int) -> float:
+        """src, hidden: [1, 1, D] the token's score input and layer input; position: its distance from the sink."""
+        xf = src.reshape(-1).float()
+        lin_dot = torch.mv(self.rows, xf)  # [2]
+        norm_x = torch.linalg.vector_norm(xf, dtype=torch.float32)
+        norm_h = torch.linalg.vector_norm(hidden.reshape(-1), dtype=torch.float32)
+        main, dot, nx, nh = (np.float32(v) for v in torch.cat([lin_dot, norm_x.view(1), norm_h.view(1)]).tolist())
+        f32, tiny = np.float32, np.float32(1e-12)
+        with np.errstate(all="ignore"):  # a non-finite score is the caller's error to report
+            cos = dot / max(nx * self.norm_s, tiny)
+            extra = (dot, abs(dot), cos, np.log(max(nx, tiny)), np.log(max(nh, tiny)),
+                     np.log1p(f32(max(position, 0))))
+            total = f32(0.0)
+            for value, weight in zip(extra, self.w_extra):
+                total = f32(total + f32(value * weight))
+            return float(f32(main + total) + self.bias)
 
 
 @dataclass(frozen=True)
