@@ -58,7 +58,6 @@ def force(model, cutoff: float) -> None:
         if sel is not None:
             sel._fixed_cutoff = torch.tensor([cutoff], dtype=torch.float32)
             sel._fitted = dataclasses.replace(sel._fitted, threshold=-cutoff, _cache={})
-            sel._step = None
 
 
 def main() -> int:

@@ -18,20 +18,18 @@ Cost: everything except the input norm, K/V projections and RoPE on K runs on th
 """
 from __future__ import annotations
 
-import math
 from typing import Any, Callable
 
 import torch
 from torch import nn
 
-from orthorank.method import dense_first, policy_inputs
+from orthorank.method import dense_first, one_token_step, policy_inputs
 from orthorank.method.attention import backend_for
 from orthorank.method.attention_routing import (RowCall, gather_rows, key_keep, keys_values, route_attention, run_routed,
                                                 scatter_rows)
 from orthorank.method.phase_marks import phase
 from orthorank.method.policies import FITTED, always_update
 from orthorank.method.policy_inputs import Chunk, Scoring
-from orthorank.method.router import StepScorer
 from orthorank.method.selection import SelectionConfig, keep_to_indices, top_k_indices, topk_keep_mask
 from orthorank.method.sequence_context import Facts, SequenceContext
 from orthorank.models.adapters import FamilyAdapter
@@ -46,12 +44,15 @@ class NonFiniteHiddenStates(ValueError):
     """A selection layer received NaN or inf: ranking tokens on them would be silent garbage."""
 
 
+def _non_finite(layer_index: int) -> str:
+    return (f"layer {layer_index}: hidden states contain NaN or inf; OrthoRank cannot rank tokens on them (check the "
+            "model's dtype and weights)")
+
+
 def check_finite(scores: torch.Tensor, layer_index: int) -> None:
     if scores.device.type == "cpu" and not torch.compiler.is_compiling():
         if not bool(torch.isfinite(scores).all()):
-            raise NonFiniteHiddenStates(
-                f"layer {layer_index}: hidden states contain NaN or inf; OrthoRank cannot rank tokens on them "
-                "(check the model's dtype and weights)")
+            raise NonFiniteHiddenStates(_non_finite(layer_index))
     else:  # no host sync on accelerators or in a compiled graph: a device-side assert
         torch._assert_async(torch.isfinite(scores).all(), f"layer {layer_index}: NaN or inf in hidden states")
 
@@ -113,8 +114,7 @@ class SelectiveLayer:
         self._fixed_cutoff = (torch.tensor([-self._fitted.threshold], dtype=torch.float32)
                               if config.decode == "causal" else None)
         self.on_keys: Callable[[torch.Tensor, torch.Tensor | None], None] | None = None  # (keys, valid): fit-thresholds
-        self._step: tuple[torch.Tensor, StepScorer] | None = None  # (sink state, its one-token scorer): causal steps
-        self._step_indices: dict[tuple[int, torch.device], torch.Tensor] = {}
+        self._one_token = one_token_step.OneTokenStep()
 
     @property
     def backend(self) -> str:
@@ -275,7 +275,7 @@ class SelectiveLayer:
         facts = self._context.facts(B, T, past, hidden_states.device, cfg.ratio)
         if self._dense_first:
             return dense_first.oracle(self, hidden_states, args, kwargs, src, past, facts)
-        if T == 1 and B == 1 and past > 0 and self._plain_threshold_step(facts):
+        if T == 1 and B == 1 and past > 0 and one_token_step.applies(self, facts):
             return self._threshold_step(hidden_states, x, src, args, kwargs, cache, facts, past)
         with phase("scoring"):
             given = policy_inputs.measure(self.rule, Chunk(self, hidden_states, x, kwargs["position_embeddings"],
@@ -335,47 +335,16 @@ class SelectiveLayer:
             result = scatter_rows(hidden_states, idx, h_new, self._context.inplace_ok())
         return (result, *out[1:]) if isinstance(out, tuple) else result
 
-    def _plain_threshold_step(self, facts: Facts) -> bool:
-        """May this decode step take `_threshold_step`: the threshold policy on a sink-score order with default K/V
-        handling and no always-updated tokens, one unpadded sequence whose sink state and cut-off are known."""
-        cfg = self.config
-        return (self.fast_threshold_step and cfg.decode in ("threshold", "causal") and self.rule.pointwise
-                and cfg.bypass_kv and not cfg.sink_kv_visible and not cfg.keep_recent and not cfg.keep_first
-                and not facts.padded and self._cutoff is not None and self._sink_state is not None
-                and self._sink_state.shape[0] == 1)
-
     def _threshold_step(self, hidden_states: torch.Tensor, x: torch.Tensor, src: torch.Tensor, args: tuple,
                         kwargs: dict[str, Any], cache: Any, facts: Facts, past: int) -> Any:
-        """One new token of one sequence under the threshold policy: the general path's decision (its key against
-        the prefill's cut-off; the sink lies in the cache), then the dense layer or the bypass."""
-        if self.config.decode == "causal":  # the router's score against its fixed threshold, decided on the host
-            score = self._step_scorer()(src, hidden_states, past)  # the step's one host read
-            if not math.isfinite(score):
-                raise NonFiniteHiddenStates(f"layer {self.layer_index}: hidden states contain NaN or inf; OrthoRank "
-                                            "cannot rank tokens on them (check the model's dtype and weights)")
-            kept = score >= self._fitted.threshold
-        else:
-            keys = self._scores(src, self._sink_state, facts, 1, 1, past)  # [1, 1]
-            kept = bool(keys[0, 0] <= self._cutoff[0])  # the step's one host read
-        self._last = (self._step_index(int(kept), hidden_states.device), None, 1)
+        """One new token of one sequence (method/one_token_step.py): decided, then the dense layer or the bypass."""
+        kept = self._one_token.decide(self, src, hidden_states, facts, past)
+        if kept is None:
+            raise NonFiniteHiddenStates(_non_finite(self.layer_index))
+        self._last = (self._one_token.index(kept, hidden_states.device), None, 1)
         if kept:  # the selected query attends to every key: the dense layer's update on this one token
             return self.inner(hidden_states, *args, **kwargs)
         return self._bypass(hidden_states, x, kwargs, cache)
-
-    def _step_scorer(self) -> StepScorer:
-        """The router's one-token score against this sequence's sink state, built once per prefill."""
-        got = self._step
-        if got is None or got[0] is not self._sink_state:
-            got = self._step = (self._sink_state, self._fitted.step_scorer(self._sink_state))
-        return got[1]
-
-    def _step_index(self, kept: int, device: torch.device) -> torch.Tensor:
-        """[1, kept] zeros: the position a one-token step updated (none or the token), made once per device."""
-        key = (kept, device)
-        got = self._step_indices.get(key)
-        if got is None:
-            got = self._step_indices[key] = torch.zeros(1, kept, dtype=torch.long, device=device)
-        return got
 
     def _bypass(self, hidden_states: torch.Tensor, x: torch.Tensor, kwargs: dict[str, Any], cache: Any) -> torch.Tensor:
         """No token updated: only every token's keys and values go into the cache; the states pass unchanged."""
