@@ -164,7 +164,8 @@ class FitThresholdsOptions(WindowCalibrationOptions, ModelOptions, DataOptions, 
         "Make a router plan decide each token from its own score, in prefill and decoding alike: a threshold per "
         "selection layer, set on calibration text (never evaluation text) so that the layer updates the share of "
         "tokens its keep ratio names, the layers fitted in order. The plan written decides causally (its selection's "
-        "decode is causal), so a teacher-forced forward (ppl) makes exactly the decisions generation makes. The last "
+        "decode is causal), so a teacher-forced forward (ppl) makes the decisions generation makes (exactly in float32; "
+        "in bfloat16 up to the model's own rounding, docs/decode-router.md). The last "
         "quarter of the calibration windows is held out and the shares measured there are recorded.")
     plan: str = flag("--plan", help="the router plan (from `orthorank fit-router`) whose layers get thresholds")
     out: str = flag("--out", metavar="FILE", group="output", help="the causal plan file to write (required)")
