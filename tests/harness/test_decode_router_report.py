@@ -96,3 +96,32 @@ def test_the_summary_gives_fitting_time_and_says_where_the_router_was_forced(tmp
     text = write(4.1)  # the paper's rule had the lower held-out NLL: kept only because forced
     assert "layer search 10 s, router 20 s, thresholds 3 s" in text and "router was forced" in text
     assert "router was forced" not in write(3.9)
+
+
+def test_a_replicate_can_take_a_win_away_but_never_give_one(tmp_path):
+    """A second run of a bench (replicate/) is shown as its own row, and the answer needs every batch-1 run level or
+    faster: a yes from the first run and an unresolved replicate is not decided; a replicate cannot turn an
+    unresolved first run into a yes."""
+    from orthorank.harness.reports.decode_router import combined_speed
+
+    d = tmp_path / "tiny"
+    (d / "compare-0.1").mkdir(parents=True)
+    (d / "replicate").mkdir()
+    (d / "compare-0.1" / "compare.json").write_text(json.dumps({
+        "windows": 4, "seq_len": 32,
+        "worst_domain": [{"method": "router-causal", "vs": "sleb", "worst_dataset": "a", "datasets": ["a"],
+                          "ratio": 0.7, "ci95": [0.6, 0.8], "verdict": "lower everywhere"}]}))
+    level = {"dense": [1.0] * 5, "sleb": [0.8, 0.82, 0.8, 0.81, 0.8], "router-causal": [0.79, 0.83, 0.8, 0.8, 0.81]}
+    wide = {"dense": [1.0] * 5, "sleb": [0.8] * 5, "router-causal": [0.7, 1.0, 0.75, 0.95, 0.9]}
+    (d / "bench-decode-0.1-b1-n8.json").write_text(json.dumps(_bench(level, 0.2)))
+    assert "at SLEB's batch-1 decode speed: **yes**" in summarize(tmp_path)
+    (d / "replicate" / "bench-decode-0.1-b1-n8.json").write_text(json.dumps(_bench(wide, 0.2)))
+    text = summarize(tmp_path)
+    assert "at SLEB's batch-1 decode speed: **not decided**" in text
+    assert sum(line.startswith("| batch 1") for line in text.splitlines()) == 2 and "rounds, replicate" not in text
+    assert "| batch 1, 8 new tokens, replicate |" in text
+    (d / "bench-decode-0.1-b1-n8.json").write_text(json.dumps(_bench(wide, 0.2)))
+    (d / "replicate" / "bench-decode-0.1-b1-n8.json").write_text(json.dumps(_bench(level, 0.2)))
+    assert "at SLEB's batch-1 decode speed: **not decided**" in summarize(tmp_path)
+    assert combined_speed(["faster", "level"]) == "level" and combined_speed(["faster", "slower"]) == "slower"
+    assert combined_speed(["faster", "faster"]) == "faster" and combined_speed([]) is None

@@ -31,6 +31,7 @@ CAUSAL = ("router-searched-causal", "router-causal")
 # LEVEL_MARGIN or above (at most 5% slower); a wider interval is "unresolved", and more rounds decide it.
 YES, NO, UNDECIDED = "yes", "no", "not decided"
 LEVEL_MARGIN = 0.95
+REPLICATE = "replicate"  # a second run of a bench, beside the first: studies/decode-router/<model>/replicate/
 
 
 def answer(quality: str, speed: str | None) -> str:
@@ -77,14 +78,28 @@ def speed(run: dict[str, Any], row: str, reference: str) -> Speed | None:
 
 
 def decode_runs(folder: Path, level: str) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-    """(run, causal row) of every decode run of `bench-decode-<level>-b*-n*.json` in folder, batch 1 first."""
+    """(run, causal row) of every decode run of `bench-decode-<level>-b*-n*.json` in folder and in its `replicate/`
+    folder (a second run of the same bench; the run is marked `replicate`), batch 1 first."""
     out = []
-    for path in sorted(folder.glob(f"bench-decode-{level}-b*-n*.json")):
+    for path in sorted(folder.glob(f"bench-decode-{level}-b*-n*.json")) + sorted(
+            (folder / REPLICATE).glob(f"bench-decode-{level}-b*-n*.json")):
         for run in json.loads(path.read_text()).get("runs", []):
             row = next((m for m in run.get("methods", []) if m["method"] in CAUSAL), None)
             if run.get("mode") == "decode" and row is not None:
-                out.append((run, row))
-    return sorted(out, key=lambda pair: (pair[0]["batch"], pair[0]["new_tokens"]))
+                out.append(({**run, "replicate": path.parent.name == REPLICATE}, row))
+    return sorted(out, key=lambda pair: (pair[0]["batch"], pair[0]["new_tokens"], pair[0]["replicate"]))
+
+
+def combined_speed(verdicts: list[str]) -> str | None:
+    """One verdict for every run of a bench: slower where any run is slower; faster or level only where every run
+    is; otherwise unresolved (so a replicate can take a win away, never give one)."""
+    if not verdicts:
+        return None
+    if "slower" in verdicts:
+        return "slower"
+    if all(v == "faster" for v in verdicts):
+        return "faster"
+    return "level" if all(v in ("faster", "level") for v in verdicts) else "unresolved"
 
 
 def _fmt(s: Speed | None) -> str:
@@ -104,13 +119,14 @@ def level_evidence(folder: Path, compare: Path) -> dict[str, Any] | None:
     decode = []
     for run, row in decode_runs(folder, level):
         decode.append({"batch": run["batch"], "new_tokens": run["new_tokens"], "rounds": run.get("repeats"),
+                       "replicate": run["replicate"],
                        "vs_sleb": speed(run, row["method"], "sleb"), "vs_dense": speed(run, row["method"], "dense"),
                        "sleb_vs_dense": speed(run, "sleb", "dense"), "share": row.get("decoded_tokens_updated")})
-    batch1 = next((d["vs_sleb"] for d in decode if d["batch"] == 1), None)
+    batch1 = combined_speed([d["vs_sleb"].verdict for d in decode if d["batch"] == 1 and d["vs_sleb"] is not None])
     return {"level": level, "method": worst["method"], "worst": worst, "domains": len(worst["datasets"]),
             "windows": "/".join(map(str, sizes)), "seq_len": data["seq_len"], "decode": decode,
             "fit": fit_record(data.get("plans", [])),
-            "answer": answer(worst["verdict"], None if batch1 is None else batch1.verdict)}
+            "answer": answer(worst["verdict"], batch1)}
 
 
 def fit_record(plans: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -138,7 +154,7 @@ def _fit_text(fit: dict[str, Any] | None) -> str:
 
 
 def _rounds(d: dict[str, Any]) -> str:
-    return f", {d['rounds']} rounds" if d.get("rounds") else ""
+    return (f", {d['rounds']} rounds" if d.get("rounds") else "") + (", replicate" if d.get("replicate") else "")
 
 
 def level_lines(name: str, ev: dict[str, Any]) -> list[str]:
@@ -163,9 +179,10 @@ CAPTION = ("Causal router decoding against SLEB (issue 58). Quality: worst-domai
            "perplexity is its generation's). Speed: decode throughput ratios, median of paired interleaved rounds "
            "with a bootstrap 95% interval (faster / slower: the whole interval above / below 1; level: it reaches 1 "
            f"and its lower bound is at least {LEVEL_MARGIN}; unresolved: wider), on prompts of "
-           "calibration text; share: decoded tokens its selection layers updated. The answer is yes only where the "
-           "worst-domain interval lies below 1 and batch 1 is faster than SLEB or level with it; no where either interval "
-           "says the opposite; otherwise not decided.")
+           "calibration text; share: decoded tokens its selection layers updated; a replicate is a second run of the same "
+           "bench. The answer is yes only where the worst-domain interval lies below 1 and batch 1 is faster than SLEB "
+           "or level with it in every run; no where either interval says the opposite in any run; otherwise not "
+           "decided.")
 
 
 def folder_lines(folder: Path, name: str) -> list[str]:
