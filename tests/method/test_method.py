@@ -62,6 +62,20 @@ def test_selection_follows_orthogonality():
     assert keep.tolist() == [[False, False, True, False, True]]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_batch_decode_sink_dot_equals_the_row_loop(dtype):
+    """A [B, 1, D] decode step takes one product for all rows; it gives each row's float32 dot product, as the
+    one-row path does (to float32 rounding)."""
+    from orthorank.method.orthogonality import dot_float32
+
+    g = torch.Generator().manual_seed(0)
+    x, sink = torch.randn(32, 1, 96, generator=g).to(dtype), torch.randn(32, 96, generator=g).to(dtype)
+    batched = dot_float32(x, sink)
+    rows = torch.cat([dot_float32(x[b:b + 1], sink[b:b + 1]) for b in range(32)])
+    assert batched.shape == (32, 1) and batched.dtype == torch.float32
+    assert torch.allclose(batched, rows, rtol=1e-5, atol=1e-5)
+
+
 def test_sink_only_when_all_and_pads_never():
     keys = torch.tensor([[0.0, 5.0, 1.0, 2.0, 3.0]])  # sink (pos 1 after a pad) has the "best" raw key
     valid = torch.tensor([[False, True, True, True, True]])

@@ -44,6 +44,10 @@ def dot_float32(x: torch.Tensor, sink: torch.Tensor) -> torch.Tensor:
     """<x[b, t], sink[b]> summed in float32: [B, T]."""
     global BMM_OUT_DTYPE_OK
     sink = sink.expand(x.shape[0], -1)
+    if not x.is_cuda and x.shape[1] == 1 and x.shape[0] > 1:
+        # a batch decode step: one product and one sum for all rows, not a loop of B one-row products (at batch 32
+        # the loop was most of a selection layer's operator calls)
+        return (x[:, 0].float() * sink.float()).sum(-1, keepdim=True)
     if not x.is_cuda:
         # CPU: one matrix-vector product per row; batched GEMM with a single output column is several times
         # slower in MKL/oneDNN, and B is small here.
