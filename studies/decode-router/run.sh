@@ -13,7 +13,8 @@
 # rule), a router is fitted on the same layers anyway (fit-router --always-route, re-matched to the same compute:
 # router-forced-<s>.json), since the paper's top-K rule is not causal and cannot decode per token.
 #   studies/decode-router/run.sh [MODEL ...]   (default smollm2-135m; LEVELS="0.1 0.2"; BENCH=0; REPEATS=5 timing
-#   rounds; SPECS="1:128 32:32" the batch:new-tokens benches; delete a bench's json to time it again)
+#   rounds; SPECS="1:128 32:32" the batch:new-tokens benches; delete a bench's json to time it again; REPLICATE=1
+#   writes a second run of each bench to $MODEL/replicate/, which the summary also requires to agree)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 O=${O:-.venv/bin/orthorank}
@@ -47,7 +48,8 @@ for m in $MODELS; do
     # batch 1: 128 new tokens; batch 32: 32 (a first look: 128 at batch 32 takes about 20 minutes on 2 cores)
     [ "$BENCH" = 1 ] || continue
     for spec in ${SPECS:-1:128 32:32}; do
-      b=${spec%%:*}; n=${spec##*:}; f=$d/bench-decode-$s-b$b-n$n
+      b=${spec%%:*}; n=${spec##*:}; f=$d${REPLICATE:+/replicate}/bench-decode-$s-b$b-n$n
+      mkdir -p "$(dirname $f)"
       [ -f $f.json ] || $O bench --model $m --sparsity $s --methods dense,sleb,shortgpt,router-searched-causal \
         --mode decode --batch-size $b --seq-len 256 --new-tokens $n --repeats ${REPEATS:-5} --prompt-text mix --dtype bfloat16 \
         --threads 2 --json $f.json > $f.log 2>&1
