@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import statistics
 import sys
 import time
@@ -31,7 +30,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from orthorank.harness.results import atomic_write_text, environment  # noqa: E402
+from orthorank.harness.results import write_json  # noqa: E402
 from orthorank.harness.runtime.costmodel import kv_fraction  # noqa: E402
 from orthorank.harness.search.calibration import calibration_set  # noqa: E402
 from orthorank.method.apply import apply_plan, restore_dense, selective  # noqa: E402
@@ -146,9 +145,8 @@ def main() -> int:
            "dense_at_selection_indices_ms": dense_same, "share_updated_last_step": last_shares,
            "kv_fraction": f_kv, "ideal_selection_layer_ms": ideal}
     if args.out:
-        body = {"command": " ".join(["scripts/decode_batch_layers.py", *sys.argv[1:]]), **row,
-                "environment": environment("cpu")}
-        atomic_write_text(args.out, json.dumps(body, indent=1) + "\n")
+        write_json(args.out, {"command": " ".join(["scripts/decode_batch_layers.py", *sys.argv[1:]]), **row},
+                   device="cpu", overwrite=True)
         print(f"wrote {args.out}")
     return 0
 
