@@ -11,6 +11,7 @@
 #    causal row's ideal taken at the share of decoded tokens it updated.
 # Where the router fit declined the router for a level (Gemma 3 270M at 10%: router-searched-0.1.json keeps the paper's
 # rule), a router is fitted on the same layers anyway (fit-router --always-route, re-matched to the same compute:
+# router-searched-forced-<s>.json; the study's decode-router stage names its own, on OrthoRank's layers,
 # router-forced-<s>.json), since the paper's top-K rule is not causal and cannot decode per token.
 #   studies/decode-router/run.sh [MODEL ...]   (default smollm2-135m; LEVELS="0.1 0.2"; BENCH=0; REPEATS=5 timing
 #   rounds; SPECS="1:128 32:32" the batch:new-tokens benches; delete a bench's json to time it again; REPLICATE=1
@@ -28,10 +29,10 @@ for m in $MODELS; do
     out=plans/$m/router-searched-causal-$s.json
     base=plans/$m/router-searched-$s.json
     if ! grep -q '"policy": "router"' $base; then
-      forced=plans/$m/router-forced-$s.json
+      forced=plans/$m/router-searched-forced-$s.json
       if [ ! -f $forced ]; then
         $O fit-router --model $m --plan $base --always-route --json $forced.tmp --overwrite --dtype bfloat16 \
-          --threads 2 > $d/fit-router-forced-$s.log 2>&1
+          --threads 2 > $d/fit-router-searched-forced-$s.log 2>&1
         mv $forced.tmp $forced
       fi
       base=$forced

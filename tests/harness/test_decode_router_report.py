@@ -125,3 +125,32 @@ def test_a_replicate_can_take_a_win_away_but_never_give_one(tmp_path):
     assert "at SLEB's batch-1 decode speed: **not decided**" in summarize(tmp_path)
     assert combined_speed(["faster", "level"]) == "level" and combined_speed(["faster", "slower"]) == "slower"
     assert combined_speed(["faster", "faster"]) == "faster" and combined_speed([]) is None
+
+
+def test_the_study_stage_refuses_a_forced_router_made_on_other_layers(tmp_path):
+    """studies/decode-router/run.sh once wrote router-forced-0.1.json on the searched plan's layers, the name the
+    study's stage gives its own router forced on OrthoRank's layers: reused, it would answer for the wrong plan."""
+    import pytest
+
+    from orthorank.errors import UserError
+    from orthorank.harness.study.budgets import get_budget
+    from orthorank.harness.study.context import StudyContext
+    from orthorank.harness.study.decode_router import _causal_plan_calls
+
+    ctx = StudyContext(model="tiny", model_name="tiny", out=tmp_path / "out", budget=get_budget("test"),
+                       model_options={"model": "tiny"}, data_dir=None, store=None, plans_root=tmp_path)
+    ctx.plans_dir.mkdir(parents=True)
+
+    def plan(name: str, layers: list[int], policy: str) -> None:
+        (ctx.plans_dir / name).write_text(json.dumps({"layers": layers, "selection": {"policy": policy}}))
+
+    plan("orthorank-0.1.json", [2, 3], "orthogonal")
+    plan("router-0.1.json", [2, 3], "orthogonal")  # the fit declined the router: the stage forces one
+    plan("router-forced-0.1.json", [2, 4], "router")
+    with pytest.raises(UserError, match=r"router-forced-0.1.json selects in layers \[2, 4\], not in router-0.1"):
+        _causal_plan_calls(ctx, "0.1")
+    plan("router-forced-0.1.json", [2, 3], "router")  # its own: reused, only the thresholds are fitted
+    assert [type(c).__name__ for c in _causal_plan_calls(ctx, "0.1")] == ["FitThresholdsOptions"]
+    plan("router-causal-0.1.json", [3], "router")
+    with pytest.raises(UserError, match="router-causal-0.1.json selects in layers"):
+        _causal_plan_calls(ctx, "0.1")

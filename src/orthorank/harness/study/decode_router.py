@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from orthorank.errors import UserError
 from orthorank.harness.api.options import BenchOptions, FitRouterOptions, FitThresholdsOptions, Options
 from orthorank.harness.reports.decode_router import CAPTION, Speed, folder_lines, level_evidence
 from orthorank.harness.results import atomic_write_text
@@ -32,16 +33,30 @@ def _is_router(path: Path) -> bool:
     return json.loads(path.read_text()).get("selection", {}).get("policy") == "router"
 
 
+def _layers(path: Path) -> list[int]:
+    return list(json.loads(path.read_text())["layers"])
+
+
+def _check_layers(plan: Path, base: Path) -> None:
+    """A plan this stage would reuse must sit on its base plan's layers: another script's plan of the same name
+    (studies/decode-router/run.sh forced a router on the searched layers) would answer for the wrong plan."""
+    if plan.is_file() and base.is_file() and _layers(plan) != _layers(base):
+        raise UserError(f"{plan} selects in layers {_layers(plan)}, not in {base.name}'s {_layers(base)}: it was "
+                        f"made from another plan; move it away so that the decode-router stage fits its own")
+
+
 def _causal_plan_calls(ctx: StudyContext, s: str) -> list[Options]:
     r = ctx.budget.router
     calls: list[Options] = []
     causal = ctx.plans_dir / f"router-causal-{s}.json"
+    base = ctx.plans_dir / f"router-{s}.json"
+    _check_layers(causal, base)
     if causal.is_file():
         return calls
-    base = ctx.plans_dir / f"router-{s}.json"
     # a plan the router fit declined keeps the paper's rule: written only after the router stage, so read it then
     if base.is_file() and not _is_router(base):
-        base = ctx.plans_dir / f"router-forced-{s}.json"
+        orthorank, base = base, ctx.plans_dir / f"router-forced-{s}.json"
+        _check_layers(base, orthorank)
         if not base.is_file():
             calls.append(ctx.options(FitRouterOptions, plan=str(ctx.plans_dir / f"orthorank-{s}.json"),
                                      always_route=True, json_out=str(base), **r.fit_options()))
