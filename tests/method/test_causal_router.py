@@ -137,3 +137,25 @@ def test_plans_without_thresholds_load_unchanged_and_causal_decoding_needs_them(
     causal = causal_plan(plan, {1: 0.5, 2: -0.25})
     again = Plan.load(causal.save(tmp_path / "causal.json"))
     assert again.selection.fitted.layer(1).threshold == 0.5 and again.content_hash() == causal.content_hash()
+
+
+def test_own_decode_puts_each_plan_under_the_policy_it_was_saved_with_and_refuses_before_loading(tmp_path):
+    """longctx/longbench --decode-modes own: a top-K router plan decodes densely, a causal one causally, in one
+    run; asking for causal decoding of a plan without thresholds fails before the model loads."""
+    from orthorank.harness.api.longctx import _check_saved_plans, plan_decodes
+    from orthorank.harness.api.options import LongctxOptions
+
+    top_k = _router_plan()
+    causal = causal_plan(_router_plan(), {i: 0.0 for i in LAYERS})
+    assert plan_decodes(top_k, ["own"]) == ["dense"]
+    assert plan_decodes(causal, ["dense", "own"]) == ["dense", "causal"]
+    assert plan_decodes(causal, ["causal", "own"]) == ["causal"]
+    top_k.save(tmp_path / "router-0.2.json")
+    causal.save(tmp_path / "router-causal-0.2.json")
+    opts = LongctxOptions(model="smollm2-135m", methods="dense,router,router-causal", plans_dir=str(tmp_path),
+                          decode_modes="own", out=str(tmp_path / "out"))
+    _check_saved_plans(opts)  # nothing loads a model here
+    with pytest.raises(UserError, match="causal decoding needs a threshold"):
+        _check_saved_plans(dataclasses.replace(opts, decode_modes="causal"))
+    with pytest.raises(UserError, match="unknown decode policy 'mine'; choose from dense, threshold, causal, own"):
+        _check_saved_plans(dataclasses.replace(opts, decode_modes="mine"))

@@ -45,6 +45,9 @@ from orthorank.harness.results import atomic_save_figure, atomic_write_text, che
 from orthorank.harness.store import digest, model_fingerprint
 
 
+OWN_DECODE = "own"  # --decode-modes: each plan under the decode policy it was saved with
+
+
 def _plan_path(opts: LongInputOptions, model_name: str, label: str, check: bool = True) -> Path:
     return saved_plan_file(model_name, label, opts.sparsity, opts.plans_dir, check=check)
 
@@ -63,10 +66,10 @@ def _rows(opts: LongInputOptions, lm) -> list[Row]:
         plan.check_model(lm.name, lm.signature())
         label = f"{name} {sparsity_label(opts.sparsity)}"
         if plan.kind.one_selection:  # decode policies apply where one selection runs every selecting layer
-            rows += [Row(f"{label} ({d} decode)", name, opts.sparsity, plan, d) for d in decodes]
+            rows += [Row(f"{label} ({d} decode)", name, opts.sparsity, plan, d) for d in plan_decodes(plan, decodes)]
             for spec, (_, variant) in zip(policies, policy_plans(plan, policies)):
                 rows += [Row(f"{label} [{spec}] ({d} decode)", name, opts.sparsity, variant, d, spec)
-                         for d in decodes]
+                         for d in plan_decodes(variant, decodes)]
         else:
             rows.append(Row(label, name, opts.sparsity, plan))
     if not rows:
@@ -76,21 +79,30 @@ def _rows(opts: LongInputOptions, lm) -> list[Row]:
 
 def _check_saved_plans(opts: LongInputOptions) -> None:
     """Missing plans and bad --policies or --decode-modes fail before the model loads."""
+    decodes = _decodes(opts)
     for name in (m.strip() for m in opts.methods.split(",") if m.strip()):
         method = get_method(name, ["dense", *saved()])
         if not method.kind.dense:
-            _plan_path(opts, expected_model_name(opts.model), method.plan_label)
+            plan = Plan.load(_plan_path(opts, expected_model_name(opts.model), method.plan_label))
+            if plan.kind.one_selection:
+                for d in plan_decodes(plan, decodes):  # a policy the plan cannot decode under fails here, not mid-run
+                    Row(name, name, opts.sparsity, plan, d).applied()
     _variants(opts)
-    _decodes(opts)
 
 
 def _decodes(opts: LongInputOptions) -> list[str]:
     decodes = [d.strip() for d in opts.decode_modes.split(",") if d.strip()]
-    bad = [d for d in decodes if d not in DECODE_MODES]
+    bad = [d for d in decodes if d not in (*DECODE_MODES, OWN_DECODE)]
     if bad or not decodes:
         raise UserError(f"unknown decode policy {bad[0] if bad else opts.decode_modes!r}; choose from "
-                        f"{', '.join(DECODE_MODES)}")
+                        f"{', '.join((*DECODE_MODES, OWN_DECODE))}")
     return decodes
+
+
+def plan_decodes(plan: Plan, decodes: list[str]) -> list[str]:
+    """The decode policies a plan's rows run under: `own` is the one the plan was saved with (a causal router
+    plan's causal decoding, a top-K plan's dense one), so one run can put each plan under its own policy."""
+    return list(dict.fromkeys(plan.selection.decode if d == OWN_DECODE else d for d in decodes))
 
 
 def _variants(opts: LongInputOptions) -> list[str]:

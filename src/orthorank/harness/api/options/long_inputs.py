@@ -38,7 +38,8 @@ class LongInputOptions(ModelOptions, SavedPlansOptions, DataOptions, StoreOption
     decode_modes: str = flag("--decode-modes", default=",".join(m for m in DECODE_MODES if m != "causal"),
                              metavar="MODES", deprecated=("--decode",),
                              help="OrthoRank decode policies, comma-separated, one row each (default: "
-                                  "%(default)s; causal needs a router plan with thresholds)")
+                                  "%(default)s; causal needs a router plan with thresholds; own: each plan under the policy it was "
+                                  "saved with)")
     policies: str | None = flag("--policies", default=None, metavar="SPECS",
                                 help="add OrthoRank rows with other selection policies on the same layers and ratio "
                                      "(equal compute): comma-separated NAME[+recent=W][+first=W], e.g. "
