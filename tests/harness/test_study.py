@@ -138,6 +138,9 @@ def test_study_end_to_end_resumes_and_summarizes(capsys, tiny_long_folder, tmp_p
     answer = json.loads((out / "decode-router" / "decode-router.json").read_text())["levels"]
     assert [a["level"] for a in answer] == ["0.2"] and answer[0]["answer"] in ("yes", "no", "not decided")
     assert answer[0]["decode"][0]["batch"] == 1 and "vs_sleb" in answer[0]["decode"][0]
+    # two timed runs, the second a replicate, as the rule's "in every run" needs
+    assert [d.get("replicate") for d in answer[0]["decode"]] == [False, True]
+    assert (out / "decode-router" / "replicate" / "bench-decode-0.2-b1-n4.json").is_file()
     assert "The causal router (beyond the paper)" in page and "Better than SLEB at SLEB" in page
 
     code, stdout, err = run_cli(capsys, "study", "--model", tiny_long_folder, "--budget", "test", "--out", out,
