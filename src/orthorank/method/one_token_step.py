@@ -40,6 +40,9 @@ class OneTokenStep:
         self._scorer: tuple[torch.Tensor, object, StepScorer] | None = None  # (sink state, router, its scorer)
         self._indices: dict[tuple[int, torch.device], torch.Tensor] = {}
 
+    # The decision is host arithmetic by design (one host read, numpy on six features): under torch.compile it runs
+    # eagerly between the compiled parts of the step, which dynamo cannot trace through numpy scalars.
+    @torch.compiler.disable
     def decide(self, sel: SelectiveLayer, src: torch.Tensor, hidden: torch.Tensor, facts: Facts,
                past: int) -> bool | None:
         """Whether the layer updates the token (None: its score is not finite). src, hidden: [1, 1, D]."""
