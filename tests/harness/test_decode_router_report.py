@@ -154,3 +154,22 @@ def test_the_study_stage_refuses_a_forced_router_made_on_other_layers(tmp_path):
     plan("router-causal-0.1.json", [3], "router")
     with pytest.raises(UserError, match="router-causal-0.1.json selects in layers"):
         _causal_plan_calls(ctx, "0.1")
+
+
+def test_compiled_decoding_rows_pair_within_an_implementation_and_give_compiles_gain(tmp_path):
+    from orthorank.harness.reports.decode_router import compile_lines
+
+    def run(impl: str, scale: float) -> dict:
+        times = {"dense": [1.0, 1.1, 1.0], "sleb": [0.8, 0.9, 0.8], "router-causal": [0.8, 0.9, 0.8]}
+        return {"mode": "decode", "decode_impl": impl, "batch": 1, "seq_len": 32, "new_tokens": 8, "repeats": 3,
+                "methods": [{"method": k, "timing": {"times_s": [t * scale for t in v],
+                                                     "median_s": sorted(v)[1] * scale}} for k, v in times.items()]}
+
+    d = tmp_path / "tiny" / "compile"
+    d.mkdir(parents=True)
+    (d / "bench-decode-0.2-b1-n8.json").write_text(json.dumps({"sparsity": 0.2, "runs": [run("eager", 1.0),
+                                                                                          run("compile", 0.8)]}))
+    lines = compile_lines(tmp_path / "tiny", "tiny")
+    rows = {tuple(c.strip() for c in line.split("|")[1:3]): line for line in lines if line.startswith("| ")}
+    assert "1.000x [1.000, 1.000] level" in rows[("compile", "router-causal")]  # as fast as SLEB in every round
+    assert rows[("compile", "dense")].endswith("| 1.250x |") and rows[("eager", "sleb")].endswith("| - |")

@@ -159,3 +159,19 @@ def test_own_decode_puts_each_plan_under_the_policy_it_was_saved_with_and_refuse
         _check_saved_plans(dataclasses.replace(opts, decode_modes="causal"))
     with pytest.raises(UserError, match="unknown decode policy 'mine'; choose from dense, threshold, causal, own"):
         _check_saved_plans(dataclasses.replace(opts, decode_modes="mine"))
+
+
+def test_compiled_static_cache_decoding_of_a_causal_plan_equals_eager_generation():
+    """The batch-1 decision is host arithmetic (numpy), kept out of torch.compile's graph: the compiled step runs
+    and generates what transformers' eager generate does."""
+    from orthorank.models.static_decode import StaticDecoder, compile_available
+
+    m = tiny_model()
+    apply_plan(m, _median_thresholds(m, _router_plan(), ids_for(8, 24, seed=9)))
+    prompt = ids_for(1, 10, seed=5)
+    eager = m.generate(prompt, max_new_tokens=12, do_sample=False, pad_token_id=0, min_new_tokens=12)[:, 10:]
+    assert torch.equal(StaticDecoder(m, 1, 64, "static").greedy(prompt, 12), eager)
+    if compile_available(prompt.device) is not None:
+        pytest.skip("torch.compile cannot run here")
+    torch._dynamo.reset()
+    assert torch.equal(StaticDecoder(m, 1, 64, "compile").greedy(prompt, 12), eager)

@@ -195,11 +195,54 @@ def folder_lines(folder: Path, name: str) -> list[str]:
     return lines
 
 
+COMPILE = "compile"  # eager and torch.compile decoding side by side: studies/decode-router/<model>/compile/
+COMPILE_CAPTION = ("Decoding under torch.compile with a static cache, beside eager decoding (bench --decode-impl "
+                   "eager,compile: the same prompts, each implementation's rounds interleaved across methods, eager's "
+                   "first). Within an implementation: paired throughput ratios with bootstrap intervals, verdicts as "
+                   "above. Compile's gain: a method's eager median time over its compiled one (the two run one after "
+                   "the other, so not paired).")
+
+
+def compile_lines(folder: Path, name: str) -> list[str]:
+    """Per bench in folder/compile/: one row per decode implementation and causal plan, and compile's gain."""
+    lines: list[str] = []
+    for path in sorted((folder / COMPILE).glob("bench-decode-*-b*-n*.json")):
+        data = json.loads(path.read_text())
+        runs = [r for r in data.get("runs", []) if r.get("mode") == "decode"]
+        medians = {r.get("decode_impl"): {m["method"]: m["timing"]["median_s"] for m in r["methods"]} for r in runs}
+        if not runs:
+            continue
+        r0 = runs[0]
+        lines += [f"**{name} at {data.get('sparsity')}**, batch {r0['batch']}, {r0['new_tokens']} new tokens after "
+                  f"{r0['seq_len']}-token prompts, {r0.get('repeats')} rounds per implementation:", "",
+                  "| implementation | method | vs dense | vs SLEB | compile's gain (eager / compiled) |",
+                  "|---|---|---|---|---|"]
+        for run in runs:
+            impl = run.get("decode_impl")
+            for m in run["methods"]:
+                if m["method"] not in CAUSAL and m["method"] != "sleb":
+                    continue
+                gain = "-"
+                if impl == "compile" and "eager" in medians and m["method"] in medians["eager"]:
+                    gain = f"{medians['eager'][m['method']] / m['timing']['median_s']:.3f}x"
+                vs_sleb = "-" if m["method"] == "sleb" else _fmt(speed(run, m["method"], "sleb"))
+                lines.append(f"| {impl} | {m['method']} | {_fmt(speed(run, m['method'], 'dense'))} | {vs_sleb} | "
+                             f"{gain} |")
+            if impl == "compile" and "dense" in medians.get("eager", {}):
+                lines.append(f"| {impl} | dense | - | - | {medians['eager']['dense'] / medians['compile']['dense']:.3f}x |")
+        lines.append("")
+    return lines
+
+
 def summarize(root: Path) -> str:
-    """One section per model folder under root."""
+    """One section per model folder under root, then the compiled-decoding benches."""
     lines = [CAPTION, ""]
-    for folder in sorted(p for p in root.iterdir() if p.is_dir()):
+    folders = sorted(p for p in root.iterdir() if p.is_dir())
+    for folder in folders:
         lines += folder_lines(folder, folder.name)
+    compiled = [line for folder in folders for line in compile_lines(folder, folder.name)]
+    if compiled:
+        lines += [COMPILE_CAPTION, "", *compiled]
     return "\n".join(lines).rstrip() + "\n"
 
 
