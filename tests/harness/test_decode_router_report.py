@@ -173,3 +173,22 @@ def test_compiled_decoding_rows_pair_within_an_implementation_and_give_compiles_
     rows = {tuple(c.strip() for c in line.split("|")[1:3]): line for line in lines if line.startswith("| ")}
     assert "1.000x [1.000, 1.000] level" in rows[("compile", "router-causal")]  # as fast as SLEB in every round
     assert rows[("compile", "dense")].endswith("| 1.250x |") and rows[("eager", "sleb")].endswith("| - |")
+
+
+def test_long_context_answers_pair_the_causal_row_item_by_item(tmp_path):
+    from orthorank.harness.reports.decode_router import longctx_lines
+
+    keys = [f"001024/niah_single/{i:04d}" for i in range(20)]
+    items = {"dense": {k: {"score": 1.0} for k in keys},
+             "router 0.2 (dense decode)": {k: {"score": float(i % 2)} for i, k in enumerate(keys)},
+             "router-causal 0.2 (causal decode)": {k: {"score": 0.0} for k in keys}}
+    rows = [{"name": n, "decode": "causal" if "causal decode" in n else None} for n in items]
+    d = tmp_path / "tiny" / "longctx-0.2-1k-s20"
+    d.mkdir(parents=True)
+    (d / "longctx.json").write_text(json.dumps({"items": items, "rows": rows, "sparsity": 0.2, "lengths": [1024],
+                                                "tasks": ["niah_single"]}))
+    lines = longctx_lines(tmp_path / "tiny", "tiny")
+    row = {line.split("|")[1].strip(): line for line in lines if line.startswith("| ")}
+    assert "| 100.0 [100.0, 100.0] | -100.0 [-100.0, -100.0] **" in row["dense"]  # lost every item dense solved
+    assert row["router 0.2 (dense decode)"].split("|")[3].strip().startswith("-50.0")
+    assert row["router-causal 0.2 (causal decode)"].endswith("| - |")

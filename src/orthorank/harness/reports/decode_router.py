@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from orthorank.harness.evaluation.longctx import fmt_diff, grouped, summarize as score_summary
 from orthorank.harness.reports.speed import paired_ratio
 from orthorank.harness.results import atomic_write_text
 
@@ -234,6 +235,33 @@ def compile_lines(folder: Path, name: str) -> list[str]:
     return lines
 
 
+LONGCTX_CAPTION = ("Long-context answers under causal decoding (`studies/decode-router/longctx.sh`: the offline suite, "
+                   "each plan under the decode policy it is deployed with). Mean score over every item (%), 95% "
+                   "bootstrap interval; the causal plan minus each other row, paired item by item (percentage points; "
+                   "** = the interval excludes 0). A slice: the items named in each heading.")
+
+
+def longctx_lines(folder: Path, name: str) -> list[str]:
+    """Per longctx-*/longctx.json in folder: every row's mean score, and the causal row paired with each other."""
+    lines: list[str] = []
+    for path in sorted(folder.glob("longctx-*/longctx.json")):
+        data = json.loads(path.read_text())
+        items = data["items"]
+        causal = next((r["name"] for r in data["rows"] if r.get("decode") == "causal"), None)
+        if causal is None:
+            continue
+        scores = {row: grouped(items[row], lambda key: "mean") for row in items}
+        lines += [f"**{name} at {data['sparsity']}**, {len(scores[causal]['mean'])} items at "
+                  f"{', '.join(map(str, data['lengths']))} tokens ({', '.join(data['tasks'])}):", "",
+                  f"| row | mean score | {causal} minus it |", "|---|---|---|"]
+        for row in items:
+            mine = score_summary(scores[row])["mean"]
+            diff = "-" if row == causal else fmt_diff(score_summary(scores[causal], scores[row])["mean"])
+            lines.append(f"| {row} | {mine['mean']:.1f} [{mine['low']:.1f}, {mine['high']:.1f}] | {diff} |")
+        lines.append("")
+    return lines
+
+
 def summarize(root: Path) -> str:
     """One section per model folder under root, then the compiled-decoding benches."""
     lines = [CAPTION, ""]
@@ -243,6 +271,9 @@ def summarize(root: Path) -> str:
     compiled = [line for folder in folders for line in compile_lines(folder, folder.name)]
     if compiled:
         lines += [COMPILE_CAPTION, "", *compiled]
+    answers = [line for folder in folders for line in longctx_lines(folder, folder.name)]
+    if answers:
+        lines += [LONGCTX_CAPTION, "", *answers]
     return "\n".join(lines).rstrip() + "\n"
 
 
