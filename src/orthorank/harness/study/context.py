@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,3 +59,9 @@ def compare_on_domains(ctx: StudyContext, methods: list[str], levels: tuple[floa
         "methods": ",".join(methods), "sparsity": ctx.levels(levels), "datasets": ",".join(DOMAINS),
         "seq_len": b.ppl_seq_len, "max_windows": b.ppl_windows, "plans_dir": str(ctx.plans_dir), "out": str(out),
         "overwrite": True, **fields})
+
+
+def finished_json(path: Path) -> bool:
+    """A result file its command rewrites as it goes (bench, frontier, the transfer matrix) is finished when it says
+    so: `"complete": true`."""
+    return path.is_file() and json.loads(path.read_text()).get("complete") is True

@@ -18,7 +18,7 @@ from orthorank.errors import UserError
 from orthorank.harness.api.options import BenchOptions, FitRouterOptions, FitThresholdsOptions, Options
 from orthorank.harness.reports.decode_router import CAPTION, REPLICATE, Speed, folder_lines, level_evidence
 from orthorank.harness.results import atomic_write_text
-from orthorank.harness.study.context import StudyContext, compare_on_domains
+from orthorank.harness.study.context import StudyContext, compare_on_domains, finished_json
 from orthorank.method.plan_store import sparsity_label
 
 FOLDER = "decode-router"
@@ -77,19 +77,12 @@ def calls(ctx: StudyContext) -> list[Options]:
         # once (a finished bench is kept when a stopped stage resumes: timings are not in the result store)
         for folder in (ctx.out / FOLDER, ctx.out / FOLDER / REPLICATE):
             path = folder / f"bench-decode-{s}-b1-n{b.decode_tokens}.json"
-            if not _finished_bench(path):
+            if not finished_json(path):
                 out.append(ctx.options(BenchOptions, methods=["dense", "sleb", "router-causal"], sparsity=level,
                                        mode=["decode"], batch=[1], seq_len=[b.speed_seq_len],
                                        new_tokens=b.decode_tokens, repeats=b.speed_repeats, prompt_text=PROMPTS,
                                        json_out=str(path), overwrite=True))
     return out
-
-
-def _finished_bench(path: Path) -> bool:
-    try:
-        return bool(json.loads(path.read_text()).get("complete"))
-    except (OSError, ValueError):
-        return False
 
 
 def finish(ctx: StudyContext) -> None:

@@ -33,7 +33,7 @@ from orthorank.method.plan_store import sparsity_label
 from orthorank.harness.results import atomic_write_text
 from orthorank.harness.study import decode_router
 from orthorank.harness.study.budgets import ZEROSHOT_TASKS, Budget
-from orthorank.harness.study.context import StudyContext, compare_on_domains, hybrid_cost_table
+from orthorank.harness.study.context import StudyContext, compare_on_domains, finished_json, hybrid_cost_table
 from orthorank.harness.study.headroom import finish_policies, policies_calls, policies_output
 from orthorank.harness.study.transfer import after_command, render_matrix, transfer_calls, transfer_done, transfer_output
 
@@ -209,7 +209,7 @@ STAGES: list[Stage] = [
           _longctx_calls),
     Stage("speed", "prefill and decode speed with the saved plans",
           _top_level_output("speed", "bench-{level}.json"), _speed_calls,
-          done=lambda path: path.is_file() and json.loads(path.read_text()).get("complete") is True),
+          done=finished_json),
     Stage("decode", "decode policies: each window's second half decoded through the KV cache (dense and threshold "
           "decoding)", lambda ctx: ctx.out / "decode" / "compare.json", _decode_calls, lambda b: b.decode_policies),
     Stage("hybrid", "the hybrid frontier (remove / select / keep per layer under this machine's cost table): "
@@ -238,10 +238,7 @@ def _long_prompt_output(ctx: StudyContext) -> Path:
 
 def _long_prompt_done(path: Path) -> bool:
     """Finished when the frontier holds every length the budget asks for (it is rewritten after each length)."""
-    if not path.is_file():
-        return False
-    data = json.loads(path.read_text())
-    return data.get("complete") is True
+    return finished_json(path)
 
 
 def _long_prompt_calls(ctx: StudyContext) -> list[Options]:

@@ -26,7 +26,7 @@ from orthorank.method.registry import get_method, is_baseline
 from orthorank.harness.results import atomic_save_figure, atomic_write_text
 from orthorank.harness.search.registry import get_search
 from orthorank.harness.study.budgets import DOMAINS, TransferSetting
-from orthorank.harness.study.context import StudyContext, hybrid_cost_table
+from orthorank.harness.study.context import StudyContext, finished_json, hybrid_cost_table
 
 METHODS = ("sleb", "shortgpt", "shortened-ppl", "orthorank", "hybrid")
 
@@ -288,7 +288,7 @@ def render_choice(choice: dict | None) -> list[str]:
 
 
 def transfer_done(path: Path) -> bool:
-    return path.is_file() and json.loads(path.read_text()).get("complete") is True
+    return finished_json(path)
 
 
 def after_command(ctx: StudyContext, options: Options) -> None:
